@@ -1,1 +1,19 @@
-//! sluice-core
+//! The broker core: what a node knows and does, without any I/O.
+//!
+//! - [`broker`]: the node's vhosts and users, and authentication.
+//! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
+//! - [`exchange`]: binding tables and matchers for each exchange kind.
+//! - [`queue`]: a classic queue, dispatching to consumers inline.
+//! - [`consumer`]: a subscription and the sink a queue delivers into.
+//! - [`message`]: a published message as queues hold it.
+//! - [`arguments`]: declaration arguments, their equivalence and printing.
+//! - [`error`]: errors carrying the AMQP reply a client expects.
+
+pub mod arguments;
+pub mod broker;
+pub mod consumer;
+pub mod error;
+pub mod exchange;
+pub mod message;
+pub mod queue;
+pub mod vhost;

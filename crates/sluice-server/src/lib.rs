@@ -1,1 +1,25 @@
-//! sluice-server
+//! The AMQP 0-9-1 server.
+//!
+//! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
+//! - [`server`]: the TCP listener and shutdown.
+//! - [`connection`]: one client connection's reader task and frame handling.
+//! - [`handshake`]: protocol header, authentication, tuning, vhost.
+//! - [`channel`]: a channel's methods: publish, consume, declare, tx, confirms.
+//! - [`delivery`]: what queues call to deliver to a channel's consumers.
+//! - [`outbox`]: a connection's output buffer and its writer task.
+//! - [`frame_reader`]: frames off the socket.
+//! - [`limits`]: every bound on a buffer or queue, in one place.
+
+pub mod channel;
+pub mod config;
+pub mod connection;
+pub mod connection_context;
+pub mod delivery;
+pub mod frame_reader;
+pub mod handshake;
+pub mod limits;
+pub mod outbox;
+pub mod server;
+pub mod settings;
+
+pub use server::{run, start, RunningServer, ServerError};

@@ -9,6 +9,8 @@
 use amq_protocol::protocol::basic::{gen_properties, parse_properties, AMQPProperties};
 use bytes::{Buf, Bytes};
 
+use crate::field_table;
+
 /// class-id, weight, body-size: the part of a content header before the
 /// property flags.
 pub const CONTENT_HEADER_PREFIX_SIZE: usize = 12;
@@ -95,21 +97,26 @@ impl RawProperties {
         // Everything after the fields we index is checked by the full parser;
         // a header with only the common fields never pays for it.
         let needs_full_check = flags & !(flag::CONTENT_TYPE | flag::DELIVERY_MODE | flag::PRIORITY) != 0;
-        if needs_full_check {
-            match parse_properties(&bytes[..]) {
-                Ok((rest, _)) if rest.is_empty() => {}
-                _ => return Err(ContentError::MalformedProperties),
-            }
-        }
         let mut cursor = bytes.slice(2..);
         let malformed = || ContentError::MalformedProperties;
         if flags & flag::CONTENT_TYPE != 0 {
-            skip_short_string(&mut cursor).ok_or_else(malformed)?;
+            let content_type = skip_short_string(&mut cursor).ok_or_else(malformed)?;
+            // The full parser (and every client) wants short strings in UTF-8;
+            // without this check a header on the fast path could pass here and
+            // fail in `decode` or in the consumer's client.
+            if !needs_full_check && std::str::from_utf8(&content_type).is_err() {
+                return Err(ContentError::MalformedProperties);
+            }
         }
         if flags & flag::CONTENT_ENCODING != 0 {
             skip_short_string(&mut cursor).ok_or_else(malformed)?;
         }
         if flags & flag::HEADERS != 0 {
+            // The full parser below recurses into nested tables: bound the
+            // nesting first so that hostile headers cannot overflow the stack.
+            if field_table::check_table(&cursor).is_none() {
+                return Err(ContentError::MalformedProperties);
+            }
             skip_long_bytes(&mut cursor).ok_or_else(malformed)?;
         }
         if flags & flag::DELIVERY_MODE != 0 {
@@ -127,7 +134,12 @@ impl RawProperties {
         if flags & flag::EXPIRATION != 0 {
             properties.expiration = Some(skip_short_string(&mut cursor).ok_or_else(malformed)?);
         }
-        if !needs_full_check && !cursor.is_empty() {
+        if needs_full_check {
+            match parse_properties(&bytes[..]) {
+                Ok((rest, _)) if rest.is_empty() => {}
+                _ => return Err(ContentError::MalformedProperties),
+            }
+        } else if !cursor.is_empty() {
             return Err(ContentError::MalformedProperties);
         }
         Ok(properties)
@@ -242,6 +254,30 @@ mod tests {
         assert!(RawProperties::new(Bytes::from_static(&[0x10, 0])).is_err());
         // headers flag with a table length past the end.
         assert!(RawProperties::new(Bytes::from_static(&[0x20, 0, 0, 0, 0, 9])).is_err());
+    }
+
+    #[test]
+    fn content_properties_reject_non_utf8_content_type() {
+        // Only content-type and delivery-mode: the fast path, which once
+        // accepted bytes that `decode` (and clients) then refused.
+        let bytes = Bytes::from_static(&[0x90, 0, 1, 0xff, 2]);
+        assert_eq!(RawProperties::new(bytes), Err(ContentError::MalformedProperties));
+        let raw = RawProperties::new(Bytes::from_static(&[0x90, 0, 2, b'o', b'k', 2])).unwrap();
+        assert!(raw.decode().is_ok());
+    }
+
+    #[test]
+    fn content_properties_reject_deeply_nested_headers() {
+        // 20 000 levels of arrays in 100 KB of headers once overflowed the
+        // stack inside amq-protocol's recursive parser and aborted the process.
+        for depth in [crate::field_table::FIELD_TABLE_DEPTH_MAX + 1, 20_000] {
+            let mut bytes = vec![0x20, 0];
+            bytes.extend(crate::field_table::tests::nested_table(depth));
+            assert_eq!(RawProperties::new(Bytes::from(bytes)), Err(ContentError::MalformedProperties));
+        }
+        let mut bytes = vec![0x20, 0];
+        bytes.extend(crate::field_table::tests::nested_table(crate::field_table::FIELD_TABLE_DEPTH_MAX));
+        assert!(RawProperties::new(Bytes::from(bytes)).unwrap().decode().is_ok());
     }
 
     #[test]

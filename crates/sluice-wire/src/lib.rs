@@ -8,11 +8,14 @@
 //!   and decodes properties only when routing needs one of them.
 //! - [`encode`] writes frames: deliveries, returns and get-ok straight into an
 //!   output buffer, control-plane methods through `amq-protocol`.
+//! - `field_table` bounds how deep field tables nest before `amq-protocol`'s
+//!   recursive parser sees them.
 //! - [`reply_code`] names the reply codes sent in channel.close and
 //!   connection.close.
 
 pub mod content;
 pub mod encode;
+mod field_table;
 pub mod frame;
 pub mod method;
 pub mod reply_code;

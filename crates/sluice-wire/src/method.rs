@@ -7,6 +7,8 @@
 use amq_protocol::protocol::{parse_class, AMQPClass};
 use bytes::{Buf, Bytes};
 
+use crate::field_table::method_tables_within_limit;
+
 pub const CLASS_BASIC: u16 = 60;
 pub const METHOD_BASIC_PUBLISH: u16 = 40;
 pub const METHOD_BASIC_ACK: u16 = 80;
@@ -113,6 +115,11 @@ pub fn decode_method(payload: &Bytes) -> Result<Method, MethodError> {
             }
             None => {}
         }
+    }
+    // amq-protocol parses nested field tables by recursion; refuse deep
+    // nesting before it can overflow the stack.
+    if !method_tables_within_limit(class_id, method_id, &payload[4..]) {
+        return Err(malformed);
     }
     match parse_class(&payload[..]) {
         Ok((_, class)) => Ok(Method::Control(class)),
@@ -261,6 +268,32 @@ mod tests {
             arguments: Default::default(),
         }));
         assert_eq!(decode_method(&method_payload(&class)).unwrap(), Method::Control(class));
+    }
+
+    #[test]
+    fn method_rejects_deeply_nested_arguments() {
+        use crate::field_table::{tests::nested_table, FIELD_TABLE_DEPTH_MAX};
+        // queue.declare "q" whose arguments nest 20 000 levels deep once
+        // overflowed the stack inside amq-protocol and aborted the process.
+        let declare = |depth: usize| {
+            let mut payload = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
+            payload.extend(nested_table(depth));
+            Bytes::from(payload)
+        };
+        assert!(matches!(decode_method(&declare(FIELD_TABLE_DEPTH_MAX)), Ok(Method::Control(_))));
+        for depth in [FIELD_TABLE_DEPTH_MAX + 1, 20_000] {
+            assert_eq!(
+                decode_method(&declare(depth)),
+                Err(MethodError::Malformed {
+                    class_id: 50,
+                    method_id: 10
+                })
+            );
+        }
+        // connection.start-ok, whose client-properties table comes first.
+        let mut payload = vec![0, 10, 0, 11];
+        payload.extend(nested_table(20_000));
+        assert!(matches!(decode_method(&Bytes::from(payload)), Err(MethodError::Malformed { .. })));
     }
 
     #[test]

@@ -1,1 +1,150 @@
-fn main() {}
+//! The `sluice` binary. `sluice server` runs the broker: it loads the configuration
+//! (defaults, then the `--config` file, then flags), sets up logging, and serves AMQP 0-9-1
+//! until SIGINT or SIGTERM.
+
+use std::future::Future;
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use sluice_server::config::{self, Config, ConfigError};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+/// Sluice: an AMQP 0-9-1 message broker that works with RabbitMQ clients.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the broker.
+    ///
+    /// Settings come from RabbitMQ's defaults, then the `--config` file, then the flags.
+    /// Logging goes to stderr at the file's `log.console.level`; RUST_LOG, when set,
+    /// overrides it (e.g. RUST_LOG=sluice_server=debug).
+    Server(ServerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServerArgs {
+    /// Address to accept AMQP connections on: IP:PORT (127.0.0.1:5672, [::1]:5672) or just
+    /// PORT for all IPv4 interfaces [default: 0.0.0.0:5672]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen)]
+    listen: Option<SocketAddr>,
+
+    /// Directory for message and definition storage [default: ./sluice-data]
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+
+    /// rabbitmq.conf-style file of `key = value` lines (e.g. `listeners.tcp.default = 5672`,
+    /// `heartbeat = 60`); flags override its values
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    config::parse_listener(text).ok_or_else(|| {
+        format!("'{text}' is not an address; expected IP:PORT (127.0.0.1:5672) or PORT")
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // --help and --version are not failures; every other start-up error exits 1.
+            let failed = err.use_stderr();
+            let _ = err.print();
+            return if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        Command::Server(args) => server(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // `{:#}` prints the whole cause chain on one line, e.g.
+            // "error: config file ./sluice.conf: line 3: unknown key 'x'".
+            eprintln!("sluice: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn server(args: ServerArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        // A read error already names the file; a parse error names only the line.
+        Some(path) => Config::from_file(path).map_err(|err| match err {
+            ConfigError::Read { .. } => anyhow::Error::new(err),
+            _ => anyhow::Error::new(err).context(format!("config file {}", path.display())),
+        })?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(data_dir) = args.data_dir {
+        config.data_dir = data_dir;
+    }
+
+    init_logging(&config)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal().context("installing signal handlers")?;
+        tracing::info!(
+            listen = %config.listen,
+            data_dir = %config.data_dir.display(),
+            "starting sluice {}",
+            env!("CARGO_PKG_VERSION")
+        );
+        sluice_server::run(config, shutdown).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Logs human-readable lines to stderr. RUST_LOG, when set, replaces the configured level.
+fn init_logging(config: &Config) -> anyhow::Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
+            .with_context(|| format!("RUST_LOG={directives} is not a valid filter"))?,
+        _ => EnvFilter::new(config.log_filter()),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only when a person is watching; not in log files or CI output.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    Ok(())
+}
+
+/// Resolves on the first SIGINT or SIGTERM. The handlers are installed before this returns,
+/// so a signal that arrives while the server starts is not lost.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        tracing::info!("received {name}, shutting down");
+    })
+}

@@ -1,0 +1,158 @@
+//! The node: its virtual hosts and users.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::consumer::ConnectionId;
+use crate::vhost::VirtualHost;
+
+pub struct User {
+    pub name: String,
+    password: String,
+    /// Users who may connect only from a loopback address, like RabbitMQ's
+    /// `loopback_users` (guest by default).
+    pub loopback_only: bool,
+}
+
+/// Why a login was refused. The client only ever hears RabbitMQ's generic
+/// ACCESS_REFUSED; the reason goes to the log.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LoginError {
+    #[error("user '{0}' does not exist")]
+    UnknownUser(String),
+    #[error("invalid credentials for user '{0}'")]
+    WrongPassword(String),
+    #[error("user '{0}' can only connect via localhost")]
+    LoopbackOnly(String),
+}
+
+pub struct BrokerSettings {
+    pub default_user: String,
+    pub default_pass: String,
+    pub default_vhost: String,
+    pub loopback_users: Vec<String>,
+}
+
+pub struct Broker {
+    vhosts: RwLock<HashMap<String, Arc<VirtualHost>>>,
+    users: RwLock<HashMap<String, User>>,
+    next_connection_id: AtomicU64,
+}
+
+impl Broker {
+    /// A node with the default vhost and user, as RabbitMQ creates them on
+    /// first start.
+    pub fn new(settings: &BrokerSettings) -> Self {
+        let broker = Broker {
+            vhosts: RwLock::new(HashMap::new()),
+            users: RwLock::new(HashMap::new()),
+            next_connection_id: AtomicU64::new(1),
+        };
+        broker.add_vhost(&settings.default_vhost);
+        broker.add_user(
+            &settings.default_user,
+            &settings.default_pass,
+            settings.loopback_users.contains(&settings.default_user),
+        );
+        broker
+    }
+
+    pub fn add_vhost(&self, name: &str) -> Arc<VirtualHost> {
+        let mut vhosts = self.vhosts.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| Arc::new(VirtualHost::new(name))))
+    }
+
+    pub fn vhost(&self, name: &str) -> Option<Arc<VirtualHost>> {
+        self.vhosts
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn vhosts(&self) -> Vec<Arc<VirtualHost>> {
+        self.vhosts
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn add_user(&self, name: &str, password: &str, loopback_only: bool) {
+        let user = User {
+            name: name.to_owned(),
+            password: password.to_owned(),
+            loopback_only,
+        };
+        self.users
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_owned(), user);
+    }
+
+    /// Checks a username and password presented from `peer`.
+    pub fn login(&self, name: &str, password: &str, peer: IpAddr) -> Result<(), LoginError> {
+        let users = self.users.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let user = users.get(name).ok_or_else(|| LoginError::UnknownUser(name.to_owned()))?;
+        if !constant_time_equal(user.password.as_bytes(), password.as_bytes()) {
+            return Err(LoginError::WrongPassword(name.to_owned()));
+        }
+        if user.loopback_only && !peer.is_loopback() && !is_ipv4_mapped_loopback(peer) {
+            return Err(LoginError::LoopbackOnly(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    pub fn next_connection_id(&self) -> ConnectionId {
+        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn is_ipv4_mapped_loopback(peer: IpAddr) -> bool {
+    match peer {
+        IpAddr::V6(address) => address.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V4(_) => false,
+    }
+}
+
+/// Compares passwords in time independent of where they differ.
+fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
+    if left.len() != right.len() {
+        return false;
+    }
+    left.iter().zip(right).fold(0u8, |difference, (a, b)| difference | (a ^ b)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker() -> Broker {
+        Broker::new(&BrokerSettings {
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
+            default_vhost: "/".into(),
+            loopback_users: vec!["guest".into()],
+        })
+    }
+
+    #[test]
+    fn broker_guest_only_from_loopback() {
+        let broker = broker();
+        assert!(broker.login("guest", "guest", "127.0.0.1".parse().unwrap()).is_ok());
+        assert!(broker.login("guest", "guest", "::ffff:127.0.0.1".parse().unwrap()).is_ok());
+        assert_eq!(
+            broker.login("guest", "guest", "10.0.0.5".parse().unwrap()),
+            Err(LoginError::LoopbackOnly("guest".into()))
+        );
+        assert_eq!(
+            broker.login("guest", "nope", "127.0.0.1".parse().unwrap()),
+            Err(LoginError::WrongPassword("guest".into()))
+        );
+        assert!(broker.login("nobody", "x", "127.0.0.1".parse().unwrap()).is_err());
+        assert!(broker.vhost("/").is_some());
+    }
+}

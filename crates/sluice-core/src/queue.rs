@@ -1,0 +1,295 @@
+//! A classic queue held in memory: ready messages in offset order, the
+//! consumers it delivers to, and the count of messages out for delivery.
+//!
+//! There is no queue task. Whoever changes a queue (a publisher routing to it,
+//! an ack freeing prefetch room, a consumer arriving) takes its lock and
+//! dispatches inline, so a message goes from the publisher's reader straight
+//! into the consumer's output buffer with no task hop in between.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use amq_protocol::types::FieldTable;
+
+use crate::consumer::{ConnectionId, Consumer};
+use crate::error::{AmqpError, AmqpResult};
+use crate::message::Message;
+
+/// A message in a queue, or out with a consumer. `offset` orders messages
+/// within their queue: requeued messages go back to where they were.
+#[derive(Clone, Debug)]
+pub struct QueuedMessage {
+    pub offset: u64,
+    pub message: Arc<Message>,
+    pub redelivered: bool,
+}
+
+/// What a queue was declared with; compared on redeclaration.
+#[derive(Clone, Debug)]
+pub struct QueueOptions {
+    pub durable: bool,
+    pub exclusive_owner: Option<ConnectionId>,
+    pub auto_delete: bool,
+    pub arguments: FieldTable,
+}
+
+pub struct Queue {
+    pub name: Arc<str>,
+    pub vhost: Arc<str>,
+    pub options: QueueOptions,
+    state: Mutex<QueueState>,
+    deleted: AtomicBool,
+}
+
+#[derive(Default)]
+struct QueueState {
+    ready: VecDeque<QueuedMessage>,
+    ready_bytes: u64,
+    next_offset: u64,
+    /// Delivered to consumers or fetched with basic.get, not yet settled.
+    unacked: u64,
+    /// Sorted by priority, highest first; registration order within one.
+    consumers: Vec<Arc<Consumer>>,
+    /// Rotates deliveries among consumers of equal priority.
+    round_robin: usize,
+    /// Auto-delete queues go when their last consumer goes, but only once
+    /// they have had one (RabbitMQ semantics).
+    had_consumer: bool,
+}
+
+/// The outcome of removing a consumer.
+pub struct ConsumerRemoved {
+    pub consumer: Arc<Consumer>,
+    /// True when this was the last consumer of an auto-delete queue: the
+    /// caller deletes the queue.
+    pub queue_now_unused: bool,
+}
+
+impl Queue {
+    pub fn new(name: Arc<str>, vhost: Arc<str>, options: QueueOptions) -> Self {
+        Queue {
+            name,
+            vhost,
+            options,
+            state: Mutex::new(QueueState::default()),
+            deleted: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // A panic while holding the lock leaves counts possibly off by one,
+        // never memory unsafe; keep serving rather than poison every user.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    pub fn is_exclusive(&self) -> bool {
+        self.options.exclusive_owner.is_some()
+    }
+
+    /// Exclusive queues are usable only by the connection that declared them.
+    pub fn check_access(&self, connection_id: ConnectionId) -> AmqpResult<()> {
+        match self.options.exclusive_owner {
+            Some(owner) if owner != connection_id => Err(AmqpError::resource_locked(format!(
+                "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+                self.name, self.vhost
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends a message and delivers what consumers can take.
+    pub fn publish(self: &Arc<Self>, message: Arc<Message>) {
+        let mut state = self.lock();
+        if self.is_deleted() {
+            return; // routed to a queue being deleted: lost with it, as in RabbitMQ
+        }
+        let offset = state.next_offset;
+        state.next_offset += 1;
+        state.ready_bytes += message.body_size() as u64;
+        state.ready.push_back(QueuedMessage {
+            offset,
+            message,
+            redelivered: false,
+        });
+        self.dispatch_locked(&mut state);
+    }
+
+    /// Delivers ready messages to consumers with room. Sinks call this after
+    /// refusing a delivery, once they have room again.
+    pub fn dispatch(self: &Arc<Self>) {
+        let mut state = self.lock();
+        self.dispatch_locked(&mut state);
+    }
+
+    fn dispatch_locked(self: &Arc<Self>, state: &mut QueueState) {
+        while !state.ready.is_empty() && !state.consumers.is_empty() {
+            if !self.deliver_one(state) {
+                break;
+            }
+        }
+    }
+
+    /// Offers the head message to the highest-priority consumers first,
+    /// round-robin within a priority. Returns false when nobody could take it.
+    fn deliver_one(self: &Arc<Self>, state: &mut QueueState) -> bool {
+        let consumer_count = state.consumers.len();
+        let mut group_start = 0;
+        while group_start < consumer_count {
+            let priority = state.consumers[group_start].priority;
+            let group_len = state.consumers[group_start..]
+                .iter()
+                .take_while(|consumer| consumer.priority == priority)
+                .count();
+            for step in 0..group_len {
+                let index = group_start + (state.round_robin + step) % group_len;
+                let consumer = &state.consumers[index];
+                if !consumer.has_prefetch_room() || !consumer.sink.can_deliver(consumer) {
+                    continue;
+                }
+                let consumer = Arc::clone(consumer);
+                let Some(entry) = state.ready.pop_front() else {
+                    return false;
+                };
+                let body_size = entry.message.body_size() as u64;
+                match consumer.sink.deliver(&consumer, self, entry) {
+                    Ok(()) => {
+                        state.ready_bytes -= body_size;
+                        if !consumer.no_ack {
+                            state.unacked += 1;
+                        }
+                        state.round_robin = state.round_robin.wrapping_add(step + 1);
+                        return true;
+                    }
+                    Err(entry) => state.ready.push_front(entry),
+                }
+            }
+            group_start += group_len;
+        }
+        false
+    }
+
+    /// basic.get: the head message and the count left behind it.
+    pub fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+        let mut state = self.lock();
+        let entry = state.ready.pop_front()?;
+        state.ready_bytes -= entry.message.body_size() as u64;
+        if !no_ack {
+            state.unacked += 1;
+        }
+        let remaining = state.ready.len() as u32;
+        Some((entry, remaining))
+    }
+
+    /// Consumers acked (or rejected without requeue) this many messages.
+    pub fn settle(&self, count: u64) {
+        let mut state = self.lock();
+        state.unacked = state.unacked.saturating_sub(count);
+    }
+
+    /// Puts messages back at their original positions, marked redelivered,
+    /// and delivers them again.
+    pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = QueuedMessage>) {
+        let mut state = self.lock();
+        for mut entry in entries {
+            state.unacked = state.unacked.saturating_sub(1);
+            if self.is_deleted() {
+                continue;
+            }
+            entry.redelivered = true;
+            state.ready_bytes += entry.message.body_size() as u64;
+            // Requeues are usually of the oldest messages: search from the front.
+            let position = state.ready.partition_point(|queued| queued.offset < entry.offset);
+            state.ready.insert(position, entry);
+        }
+        self.dispatch_locked(&mut state);
+    }
+
+    pub fn add_consumer(self: &Arc<Self>, consumer: Arc<Consumer>) -> AmqpResult<()> {
+        let mut state = self.lock();
+        if self.is_deleted() {
+            return Err(AmqpError::not_found(format!("no queue '{}' in vhost '{}'", self.name, self.vhost)));
+        }
+        let exclusive_in_use = consumer.exclusive && !state.consumers.is_empty()
+            || state.consumers.iter().any(|existing| existing.exclusive);
+        if exclusive_in_use {
+            return Err(AmqpError::access_refused(format!(
+                "queue '{}' in vhost '{}' in exclusive use",
+                self.name, self.vhost
+            )));
+        }
+        let position = state.consumers.partition_point(|existing| existing.priority >= consumer.priority);
+        state.consumers.insert(position, consumer);
+        state.had_consumer = true;
+        // No dispatch here: the caller sends consume-ok first, then calls
+        // dispatch, so deliveries never overtake the consume-ok.
+        Ok(())
+    }
+
+    pub fn remove_consumer(&self, connection_id: ConnectionId, channel_id: u16, tag: &str) -> Option<ConsumerRemoved> {
+        let mut state = self.lock();
+        let index = state.consumers.iter().position(|consumer| {
+            consumer.connection_id == connection_id && consumer.channel_id == channel_id && &*consumer.tag == tag
+        })?;
+        let consumer = state.consumers.remove(index);
+        let queue_now_unused =
+            self.options.auto_delete && state.had_consumer && state.consumers.is_empty() && !self.is_deleted();
+        Some(ConsumerRemoved {
+            consumer,
+            queue_now_unused,
+        })
+    }
+
+    /// Drops every ready message; messages out with consumers stay out.
+    pub fn purge(&self) -> u32 {
+        let mut state = self.lock();
+        let purged = state.ready.len() as u32;
+        state.ready.clear();
+        state.ready_bytes = 0;
+        purged
+    }
+
+    /// Ready messages, as queue.declare-ok and basic.get-ok count them.
+    pub fn message_count(&self) -> u32 {
+        self.lock().ready.len() as u32
+    }
+
+    pub fn consumer_count(&self) -> u32 {
+        self.lock().consumers.len() as u32
+    }
+
+    pub fn unacked_count(&self) -> u64 {
+        self.lock().unacked
+    }
+
+    pub fn ready_bytes(&self) -> u64 {
+        self.lock().ready_bytes
+    }
+
+    /// Marks the queue deleted and empties it. Returns the consumers, whom
+    /// the caller notifies with basic.cancel, and the number of ready
+    /// messages dropped.
+    pub fn mark_deleted(&self) -> (Vec<Arc<Consumer>>, u32) {
+        let mut state = self.lock();
+        self.deleted.store(true, Ordering::Release);
+        let dropped = state.ready.len() as u32;
+        state.ready.clear();
+        state.ready_bytes = 0;
+        (std::mem::take(&mut state.consumers), dropped)
+    }
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Queue")
+            .field("name", &self.name)
+            .field("vhost", &self.vhost)
+            .field("options", &self.options)
+            .finish()
+    }
+}

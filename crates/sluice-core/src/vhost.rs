@@ -1,0 +1,581 @@
+//! A virtual host: its exchanges, queues and the bindings between them, and
+//! the routing walk from an exchange to the queues a message lands in.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use amq_protocol::types::{AMQPValue, FieldTable};
+use rand::Rng;
+
+use crate::arguments::{check_equivalence, inequivalent_flag, EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS};
+use crate::consumer::{ConnectionId, Consumer};
+use crate::error::{AmqpError, AmqpResult};
+use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
+use crate::queue::{Queue, QueueOptions};
+
+/// Exchange-to-exchange bindings may form cycles; the routing walk visits each
+/// exchange once, and stops at this depth so a pathological chain costs a
+/// bounded amount of work per message.
+pub const ROUTING_EXCHANGE_HOPS_MAX: usize = 64;
+
+/// Queue types this node can create.
+pub const SUPPORTED_QUEUE_TYPES: &[&str] = &["classic"];
+
+pub struct Exchange {
+    pub name: Arc<str>,
+    pub kind: ExchangeKind,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: FieldTable,
+    routing: RwLock<RoutingTable>,
+}
+
+impl Exchange {
+    fn new(name: &str, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Self {
+        Exchange {
+            name: Arc::from(name),
+            kind,
+            durable,
+            auto_delete,
+            internal,
+            arguments,
+            routing: RwLock::new(RoutingTable::new(kind)),
+        }
+    }
+
+    fn routing(&self) -> RwLockReadGuard<'_, RoutingTable> {
+        self.routing.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn routing_mut(&self) -> RwLockWriteGuard<'_, RoutingTable> {
+        self.routing.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn is_default(&self) -> bool {
+        self.name.is_empty()
+    }
+
+    pub fn bindings(&self) -> Vec<Binding> {
+        self.routing().bindings().cloned().collect()
+    }
+}
+
+/// exchange.declare as the vhost sees it.
+pub struct ExchangeDeclaration<'a> {
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub passive: bool,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: FieldTable,
+}
+
+/// queue.declare as the vhost sees it.
+pub struct QueueDeclaration<'a> {
+    /// Empty asks for a server-named queue.
+    pub name: &'a str,
+    pub passive: bool,
+    pub durable: bool,
+    pub exclusive: bool,
+    pub auto_delete: bool,
+    pub arguments: FieldTable,
+}
+
+pub struct VirtualHost {
+    pub name: Arc<str>,
+    exchanges: RwLock<HashMap<Arc<str>, Arc<Exchange>>>,
+    queues: RwLock<HashMap<Arc<str>, Arc<Queue>>>,
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl VirtualHost {
+    /// A vhost with the default exchange and the `amq.*` exchanges every
+    /// RabbitMQ vhost has.
+    pub fn new(name: &str) -> Self {
+        let vhost = VirtualHost {
+            name: Arc::from(name),
+            exchanges: RwLock::new(HashMap::new()),
+            queues: RwLock::new(HashMap::new()),
+        };
+        let standard = [
+            ("", ExchangeKind::Direct),
+            ("amq.direct", ExchangeKind::Direct),
+            ("amq.fanout", ExchangeKind::Fanout),
+            ("amq.topic", ExchangeKind::Topic),
+            ("amq.headers", ExchangeKind::Headers),
+            ("amq.match", ExchangeKind::Headers),
+        ];
+        {
+            let mut exchanges = write(&vhost.exchanges);
+            for (name, kind) in standard {
+                let exchange = Exchange::new(name, kind, true, false, false, FieldTable::default());
+                exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+            }
+        }
+        vhost
+    }
+
+    fn describe_exchange(&self, name: &str) -> String {
+        format!("exchange '{}' in vhost '{}'", name, self.name)
+    }
+
+    fn describe_queue(&self, name: &str) -> String {
+        format!("queue '{}' in vhost '{}'", name, self.name)
+    }
+
+    fn no_exchange(&self, name: &str) -> AmqpError {
+        AmqpError::not_found(format!("no {}", self.describe_exchange(name)))
+    }
+
+    fn no_queue(&self, name: &str) -> AmqpError {
+        AmqpError::not_found(format!("no {}", self.describe_queue(name)))
+    }
+
+    pub fn exchange(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
+        read(&self.exchanges).get(name).cloned().ok_or_else(|| self.no_exchange(name))
+    }
+
+    /// The exchange named by a publish, whose name arrives as raw bytes.
+    pub fn exchange_for_publish(&self, name: &[u8]) -> AmqpResult<Arc<Exchange>> {
+        let name = std::str::from_utf8(name).map_err(|_| self.no_exchange(&String::from_utf8_lossy(name)))?;
+        let exchange = self.exchange(name)?;
+        if exchange.internal {
+            return Err(AmqpError::access_refused(format!(
+                "cannot publish to internal {}",
+                self.describe_exchange(name)
+            )));
+        }
+        Ok(exchange)
+    }
+
+    pub fn exchanges(&self) -> Vec<Arc<Exchange>> {
+        read(&self.exchanges).values().cloned().collect()
+    }
+
+    pub fn declare_exchange(&self, declaration: ExchangeDeclaration<'_>) -> AmqpResult<()> {
+        let name = declaration.name;
+        if declaration.passive {
+            self.exchange(name)?;
+            return Ok(());
+        }
+        let kind = ExchangeKind::parse(declaration.kind)
+            .ok_or_else(|| AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind)))?;
+        if name.is_empty() || name.starts_with("amq.") {
+            // Redeclaring a standard exchange as it is succeeds in RabbitMQ;
+            // anything else under the reserved prefix is refused.
+            if let Ok(existing) = self.exchange(name) {
+                if existing.kind == kind && existing.durable == declaration.durable {
+                    return Ok(());
+                }
+            }
+            return Err(AmqpError::access_refused(format!(
+                "exchange name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        let mut exchanges = write(&self.exchanges);
+        if let Some(existing) = exchanges.get(name) {
+            let what = self.describe_exchange(name);
+            if existing.kind != kind {
+                return Err(AmqpError::precondition_failed(format!(
+                    "inequivalent arg 'type' for {what}: received '{}' but current is '{}'",
+                    kind.as_str(),
+                    existing.kind.as_str()
+                )));
+            }
+            if existing.durable != declaration.durable {
+                return Err(inequivalent_flag("durable", &what, declaration.durable, existing.durable));
+            }
+            if existing.auto_delete != declaration.auto_delete {
+                return Err(inequivalent_flag("auto_delete", &what, declaration.auto_delete, existing.auto_delete));
+            }
+            if existing.internal != declaration.internal {
+                return Err(inequivalent_flag("internal", &what, declaration.internal, existing.internal));
+            }
+            return check_equivalence(EXCHANGE_EQUIVALENCE_KEYS, &declaration.arguments, &existing.arguments, &what);
+        }
+        let exchange = Exchange::new(
+            name,
+            kind,
+            declaration.durable,
+            declaration.auto_delete,
+            declaration.internal,
+            declaration.arguments,
+        );
+        exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+        Ok(())
+    }
+
+    pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
+        if name.is_empty() {
+            return Err(AmqpError::access_refused("operation not permitted on the default exchange"));
+        }
+        if name.starts_with("amq.") {
+            return Err(AmqpError::access_refused(format!(
+                "exchange name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        let mut exchanges = write(&self.exchanges);
+        let Some(exchange) = exchanges.get(name).cloned() else {
+            return Ok(()); // deleting a missing exchange succeeds, as in RabbitMQ 3.x
+        };
+        let destination = Destination::Exchange(Arc::clone(&exchange.name));
+        if if_unused {
+            let bound_as_destination = exchanges
+                .values()
+                .any(|other| !Arc::ptr_eq(other, &exchange) && other.routing().has_destination(&destination));
+            if !exchange.routing().is_empty() || bound_as_destination {
+                return Err(AmqpError::precondition_failed(format!("{} in use", self.describe_exchange(name))));
+            }
+        }
+        exchanges.remove(name);
+        let emptied = Self::remove_destination_locked(&exchanges, &destination);
+        Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
+        Ok(())
+    }
+
+    /// Removes bindings to `destination` from every exchange and returns the
+    /// auto-delete exchanges left without bindings.
+    fn remove_destination_locked(exchanges: &HashMap<Arc<str>, Arc<Exchange>>, destination: &Destination) -> Vec<Arc<str>> {
+        let mut emptied = Vec::new();
+        for exchange in exchanges.values() {
+            let mut routing = exchange.routing_mut();
+            if routing.remove_destination(destination) > 0 && exchange.auto_delete && routing.is_empty() {
+                emptied.push(Arc::clone(&exchange.name));
+            }
+        }
+        emptied
+    }
+
+    /// Auto-delete exchanges go when their last binding goes; deleting one
+    /// may empty another that was bound to it, so this repeats.
+    fn delete_auto_delete_exchanges(exchanges: &mut HashMap<Arc<str>, Arc<Exchange>>, mut emptied: Vec<Arc<str>>) {
+        while let Some(name) = emptied.pop() {
+            if exchanges.remove(&name).is_some() {
+                let destination = Destination::Exchange(name);
+                emptied.extend(Self::remove_destination_locked(exchanges, &destination));
+            }
+        }
+    }
+
+    /// Declares a queue. Returns it and whether it was created.
+    pub fn declare_queue(&self, declaration: QueueDeclaration<'_>, connection_id: ConnectionId) -> AmqpResult<(Arc<Queue>, bool)> {
+        if declaration.passive {
+            let queue = self.queue(declaration.name, connection_id)?;
+            return Ok((queue, false));
+        }
+        if declaration.name.starts_with("amq.") {
+            return Err(AmqpError::access_refused(format!(
+                "queue name '{}' contains reserved prefix 'amq.*'",
+                declaration.name
+            )));
+        }
+        check_queue_type(&declaration.arguments, &self.describe_queue(declaration.name))?;
+        let mut queues = write(&self.queues);
+        if !declaration.name.is_empty() {
+            if let Some(existing) = queues.get(declaration.name) {
+                existing.check_access(connection_id)?;
+                let what = self.describe_queue(declaration.name);
+                if existing.options.durable != declaration.durable {
+                    return Err(inequivalent_flag("durable", &what, declaration.durable, existing.options.durable));
+                }
+                if existing.is_exclusive() != declaration.exclusive {
+                    return Err(existing_exclusive_mismatch(existing));
+                }
+                if existing.options.auto_delete != declaration.auto_delete {
+                    return Err(inequivalent_flag(
+                        "auto_delete",
+                        &what,
+                        declaration.auto_delete,
+                        existing.options.auto_delete,
+                    ));
+                }
+                check_equivalence(QUEUE_EQUIVALENCE_KEYS, &declaration.arguments, &existing.options.arguments, &what)?;
+                return Ok((Arc::clone(existing), false));
+            }
+        }
+        let name: Arc<str> = if declaration.name.is_empty() {
+            loop {
+                let candidate = server_generated_name();
+                if !queues.contains_key(candidate.as_str()) {
+                    break Arc::from(candidate);
+                }
+            }
+        } else {
+            Arc::from(declaration.name)
+        };
+        let options = QueueOptions {
+            durable: declaration.durable,
+            exclusive_owner: declaration.exclusive.then_some(connection_id),
+            auto_delete: declaration.auto_delete,
+            arguments: declaration.arguments,
+        };
+        let queue = Arc::new(Queue::new(Arc::clone(&name), Arc::clone(&self.name), options));
+        queues.insert(name, Arc::clone(&queue));
+        Ok((queue, true))
+    }
+
+    /// Looks a queue up for use by `connection_id`: 404 when missing, 405
+    /// when another connection's exclusive queue.
+    pub fn queue(&self, name: &str, connection_id: ConnectionId) -> AmqpResult<Arc<Queue>> {
+        let queue = read(&self.queues).get(name).cloned().ok_or_else(|| self.no_queue(name))?;
+        queue.check_access(connection_id)?;
+        Ok(queue)
+    }
+
+    pub fn queues(&self) -> Vec<Arc<Queue>> {
+        read(&self.queues).values().cloned().collect()
+    }
+
+    /// Deletes a queue; returns the number of ready messages it held and its
+    /// consumers, whom the caller tells with basic.cancel.
+    pub fn delete_queue(
+        &self,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<(u32, Vec<Arc<Consumer>>)> {
+        let queue = match self.queue(name, connection_id) {
+            Ok(queue) => queue,
+            Err(error) if error.code == sluice_wire::reply_code::ReplyCode::NotFound => return Ok((0, Vec::new())),
+            Err(error) => return Err(error),
+        };
+        if if_unused && queue.consumer_count() > 0 {
+            return Err(AmqpError::precondition_failed(format!("{} in use", self.describe_queue(name))));
+        }
+        if if_empty && queue.message_count() > 0 {
+            return Err(AmqpError::precondition_failed(format!("{} not empty", self.describe_queue(name))));
+        }
+        Ok(self.remove_queue(&queue))
+    }
+
+    /// Removes a queue and its bindings unconditionally (auto-delete,
+    /// exclusive owner gone, queue.delete).
+    pub fn remove_queue(&self, queue: &Arc<Queue>) -> (u32, Vec<Arc<Consumer>>) {
+        {
+            let mut queues = write(&self.queues);
+            match queues.get(&queue.name) {
+                Some(current) if Arc::ptr_eq(current, queue) => {
+                    queues.remove(&queue.name);
+                }
+                _ => return (0, Vec::new()),
+            }
+        }
+        let (consumers, dropped) = queue.mark_deleted();
+        let mut exchanges = write(&self.exchanges);
+        let emptied = Self::remove_destination_locked(&exchanges, &Destination::Queue(Arc::clone(&queue.name)));
+        Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
+        (dropped, consumers)
+    }
+
+    /// Deletes the exclusive queues of a connection that closed; returns
+    /// their consumers (of that same connection) for bookkeeping.
+    pub fn remove_exclusive_queues(&self, connection_id: ConnectionId) {
+        let owned: Vec<Arc<Queue>> = read(&self.queues)
+            .values()
+            .filter(|queue| queue.options.exclusive_owner == Some(connection_id))
+            .cloned()
+            .collect();
+        for queue in owned {
+            self.remove_queue(&queue);
+        }
+    }
+
+    fn binding_source(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
+        if name.is_empty() {
+            return Err(AmqpError::access_refused("operation not permitted on the default exchange"));
+        }
+        self.exchange(name)
+    }
+
+    /// queue.bind and exchange.bind: `destination` must exist.
+    pub fn bind(
+        &self,
+        source: &str,
+        destination: Destination,
+        routing_key: &str,
+        arguments: FieldTable,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<()> {
+        let destination = self.resolve_destination(destination, connection_id)?;
+        let exchange = self.binding_source(source)?;
+        let binding = Binding {
+            destination,
+            routing_key: routing_key.to_owned(),
+            arguments,
+        };
+        let result = exchange.routing_mut().bind(binding);
+        result.map(|_| ()).map_err(AmqpError::precondition_failed)
+    }
+
+    /// queue.unbind and exchange.unbind. Unbinding what is not bound
+    /// succeeds, as in RabbitMQ.
+    pub fn unbind(
+        &self,
+        source: &str,
+        destination: Destination,
+        routing_key: &str,
+        arguments: FieldTable,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<()> {
+        let destination = self.resolve_destination(destination, connection_id)?;
+        let exchange = self.binding_source(source)?;
+        let binding = Binding {
+            destination,
+            routing_key: routing_key.to_owned(),
+            arguments,
+        };
+        let now_empty = {
+            let mut routing = exchange.routing_mut();
+            routing.unbind(&binding) && routing.is_empty()
+        };
+        if now_empty && exchange.auto_delete {
+            let mut exchanges = write(&self.exchanges);
+            Self::delete_auto_delete_exchanges(&mut exchanges, vec![Arc::clone(&exchange.name)]);
+        }
+        Ok(())
+    }
+
+    /// Checks a binding destination exists, returning it with the vhost's
+    /// shared name.
+    fn resolve_destination(&self, destination: Destination, connection_id: ConnectionId) -> AmqpResult<Destination> {
+        match destination {
+            Destination::Queue(name) => Ok(Destination::Queue(Arc::clone(&self.queue(&name, connection_id)?.name))),
+            Destination::Exchange(name) => Ok(Destination::Exchange(Arc::clone(&self.exchange(&name)?.name))),
+        }
+    }
+
+    /// Every binding in the vhost, the default exchange's implicit ones
+    /// excluded, as (source, binding).
+    pub fn bindings(&self) -> Vec<(Arc<str>, Binding)> {
+        let exchanges = read(&self.exchanges);
+        let mut all = Vec::new();
+        for exchange in exchanges.values() {
+            for binding in exchange.bindings() {
+                all.push((Arc::clone(&exchange.name), binding));
+            }
+        }
+        all
+    }
+
+    /// The queues a message published to `exchange` lands in, each once.
+    /// `scratch` is reused between calls so routing does not allocate.
+    pub fn route(
+        &self,
+        exchange: &Arc<Exchange>,
+        routing_key: &[u8],
+        headers: Option<&FieldTable>,
+        scratch: &mut RouteScratch,
+        out: &mut Vec<Arc<Queue>>,
+    ) {
+        out.clear();
+        if exchange.is_default() {
+            if let Ok(name) = std::str::from_utf8(routing_key) {
+                if let Some(queue) = read(&self.queues).get(name) {
+                    out.push(Arc::clone(queue));
+                }
+            }
+            return;
+        }
+        scratch.destinations.clear();
+        exchange.routing().route(routing_key, headers, &mut scratch.destinations);
+        let has_exchange_hops = scratch
+            .destinations
+            .iter()
+            .any(|destination| matches!(destination, Destination::Exchange(_)));
+        if has_exchange_hops {
+            self.follow_exchange_bindings(exchange, routing_key, headers, scratch);
+        }
+        let queues = read(&self.queues);
+        for destination in &scratch.destinations {
+            if let Destination::Queue(name) = destination {
+                if let Some(queue) = queues.get(name) {
+                    if !out.iter().any(|seen| Arc::ptr_eq(seen, queue)) {
+                        out.push(Arc::clone(queue));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Expands exchange destinations breadth-first, visiting each exchange
+    /// once so binding cycles terminate.
+    fn follow_exchange_bindings(
+        &self,
+        source: &Arc<Exchange>,
+        routing_key: &[u8],
+        headers: Option<&FieldTable>,
+        scratch: &mut RouteScratch,
+    ) {
+        let mut visited: HashSet<Arc<str>> = HashSet::new();
+        visited.insert(Arc::clone(&source.name));
+        let mut index = 0;
+        let mut hops = 0;
+        while index < scratch.destinations.len() && hops < ROUTING_EXCHANGE_HOPS_MAX {
+            if let Destination::Exchange(name) = &scratch.destinations[index] {
+                if visited.insert(Arc::clone(name)) {
+                    hops += 1;
+                    if let Ok(next) = self.exchange(name) {
+                        next.routing().route(routing_key, headers, &mut scratch.destinations);
+                    }
+                }
+            }
+            index += 1;
+        }
+    }
+}
+
+/// Buffers the routing walk reuses from one message to the next.
+#[derive(Default)]
+pub struct RouteScratch {
+    destinations: Vec<Destination>,
+}
+
+fn check_queue_type(arguments: &FieldTable, what: &str) -> AmqpResult<()> {
+    let Some(value) = arguments.inner().get("x-queue-type") else {
+        return Ok(());
+    };
+    let queue_type = match value {
+        AMQPValue::LongString(text) => String::from_utf8_lossy(text.as_bytes()).into_owned(),
+        AMQPValue::ShortString(text) => text.as_str().to_owned(),
+        other => {
+            return Err(AmqpError::precondition_failed(format!(
+                "invalid arg 'x-queue-type' for {what}: expected a string, got type '{}'",
+                crate::arguments::type_name(other)
+            )))
+        }
+    };
+    if SUPPORTED_QUEUE_TYPES.contains(&queue_type.as_str()) {
+        return Ok(());
+    }
+    Err(AmqpError::precondition_failed(format!(
+        "invalid arg 'x-queue-type' for {what}: queue type '{queue_type}' is not supported by this node (supported: {})",
+        SUPPORTED_QUEUE_TYPES.join(", ")
+    )))
+}
+
+fn existing_exclusive_mismatch(existing: &Queue) -> AmqpError {
+    AmqpError::resource_locked(format!(
+        "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+        existing.name, existing.vhost
+    ))
+}
+
+/// `amq.gen-` and 22 URL-safe base64 characters, like RabbitMQ's names.
+fn server_generated_name() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut random = rand::rng();
+    let suffix: String = (0..22)
+        .map(|_| ALPHABET[random.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("amq.gen-{suffix}")
+}

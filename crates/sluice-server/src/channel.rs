@@ -1,0 +1,791 @@
+//! One AMQP channel as its connection's reader task sees it: content being
+//! assembled, confirm and tx modes, consumers, and the methods that act on
+//! exchanges, queues and messages.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
+use bytes::Bytes;
+use sluice_core::arguments::as_integer;
+use sluice_core::consumer::Consumer;
+use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::exchange::{Destination, ExchangeKind};
+use sluice_core::message::Message;
+use sluice_core::queue::Queue;
+use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
+use sluice_wire::content::ContentHeader;
+use sluice_wire::encode::{encode_confirm, encode_content, encode_control, encode_return, join_body};
+use sluice_wire::method::{Ack, Nack, Publish, Reject};
+use sluice_wire::reply_code::ReplyCode;
+
+use crate::connection_context::ConnectionContext;
+use crate::delivery::{ChannelDeliveries, Settled, Unacked};
+use crate::limits::{BODY_PARTS_INITIAL, TX_UNCOMMITTED_BYTES_MAX};
+
+/// A publish whose content header and body frames are still arriving.
+struct PendingContent {
+    publish: Publish,
+    header: Option<ContentHeader>,
+    body_parts: Vec<Bytes>,
+    body_received: usize,
+}
+
+/// Publisher confirms: sequence numbers and the acks not yet written, so one
+/// basic.ack with multiple can cover every publish of a read batch.
+#[derive(Default)]
+struct Confirms {
+    next_sequence: u64,
+    confirmed_through: u64,
+    sent_through: u64,
+}
+
+/// Work buffered by a channel in tx mode until tx.commit.
+enum TxOperation {
+    Publish(Arc<Message>, Publish),
+    Settle { delivery_tag: u64, multiple: bool, requeue: Option<bool> },
+}
+
+#[derive(Default)]
+struct Transaction {
+    operations: Vec<TxOperation>,
+    body_bytes: usize,
+}
+
+struct ChannelConsumer {
+    queue: Arc<Queue>,
+}
+
+pub struct Channel {
+    pub id: u16,
+    pub deliveries: Arc<ChannelDeliveries>,
+    /// We sent channel.close and wait for close-ok; other frames are dropped.
+    pub closing: bool,
+    content: Option<PendingContent>,
+    confirms: Option<Confirms>,
+    tx: Option<Transaction>,
+    consumers: HashMap<Arc<str>, ChannelConsumer>,
+    /// basic.qos global=false: the prefetch given to consumers started next.
+    consumer_prefetch: u32,
+    next_consumer_tag: u64,
+    /// The queue named by an empty queue name in later methods.
+    last_declared_queue: Option<Arc<str>>,
+    route_scratch: RouteScratch,
+    route_queues: Vec<Arc<Queue>>,
+}
+
+/// Where an error arose, for the class and method ids of the close.
+pub type MethodIds = (u16, u16);
+
+impl Channel {
+    pub fn new(id: u16, context: &ConnectionContext) -> Self {
+        Channel {
+            id,
+            deliveries: Arc::new(ChannelDeliveries::new(
+                id,
+                context.frame_max,
+                context.client_capabilities.consumer_cancel_notify,
+                Arc::clone(&context.outbox),
+            )),
+            closing: false,
+            content: None,
+            confirms: None,
+            tx: None,
+            consumers: HashMap::new(),
+            consumer_prefetch: 0,
+            next_consumer_tag: 1,
+            last_declared_queue: None,
+            route_scratch: RouteScratch::default(),
+            route_queues: Vec::new(),
+        }
+    }
+
+    fn reply(&self, context: &ConnectionContext, class: AMQPClass) {
+        context.outbox.append(|out| encode_control(out, self.id, &class));
+    }
+
+    pub fn has_confirms(&self) -> bool {
+        self.confirms.is_some()
+    }
+
+    /// The queues this channel's consumers read from.
+    pub fn consumer_queues(&self) -> impl Iterator<Item = Arc<Queue>> + '_ {
+        self.consumers.values().map(|entry| Arc::clone(&entry.queue))
+    }
+
+    pub fn expects_content(&self) -> bool {
+        self.content.is_some()
+    }
+
+    /// Forgets consumers the queue cancelled since the last method.
+    fn prune_cancelled_consumers(&mut self) {
+        for tag in self.deliveries.take_cancelled_by_queue() {
+            self.consumers.remove(&tag);
+        }
+    }
+
+    fn queue_name<'a>(&self, name: &'a str) -> AmqpResult<std::borrow::Cow<'a, str>> {
+        if !name.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(name));
+        }
+        match &self.last_declared_queue {
+            Some(last) => Ok(std::borrow::Cow::Owned(last.to_string())),
+            None => Err(AmqpError::not_found("no previously declared queue")),
+        }
+    }
+
+    // ----- publishing -----
+
+    pub fn handle_publish(&mut self, context: &ConnectionContext, publish: Publish) -> AmqpResult<()> {
+        if publish.immediate {
+            return Err(AmqpError::not_implemented("immediate=true"));
+        }
+        self.content = Some(PendingContent {
+            publish,
+            header: None,
+            body_parts: Vec::with_capacity(BODY_PARTS_INITIAL),
+            body_received: 0,
+        });
+        let _ = context;
+        Ok(())
+    }
+
+    pub fn handle_content_header(&mut self, context: &ConnectionContext, header: ContentHeader) -> AmqpResult<()> {
+        let pending = match self.content.as_mut() {
+            Some(pending) if pending.header.is_none() => pending,
+            _ => {
+                return Err(AmqpError::unexpected_frame(format!(
+                    "expected method frame, got content header on channel {}",
+                    self.id
+                )))
+            }
+        };
+        if header.class_id != sluice_wire::method::CLASS_BASIC {
+            return Err(AmqpError::frame_error(format!(
+                "content header for class {} does not match method class 60",
+                header.class_id
+            )));
+        }
+        if header.body_size > context.max_message_size as u64 {
+            self.content = None;
+            return Err(AmqpError::precondition_failed(format!(
+                "message size {} is larger than configured max size {}",
+                header.body_size, context.max_message_size
+            )));
+        }
+        let complete = header.body_size == 0;
+        pending.header = Some(header);
+        if complete {
+            self.finish_publish(context)?;
+        }
+        Ok(())
+    }
+
+    pub fn handle_content_body(&mut self, context: &ConnectionContext, body: Bytes) -> AmqpResult<()> {
+        let pending = match self.content.as_mut() {
+            Some(pending) if pending.header.is_some() => pending,
+            _ => {
+                return Err(AmqpError::unexpected_frame(format!(
+                    "expected method frame, got content body on channel {}",
+                    self.id
+                )))
+            }
+        };
+        let body_size = pending.header.as_ref().map_or(0, |header| header.body_size) as usize;
+        pending.body_received += body.len();
+        if pending.body_received > body_size {
+            return Err(AmqpError::frame_error(format!(
+                "content body of {} bytes exceeds the {} announced in the content header",
+                pending.body_received, body_size
+            )));
+        }
+        pending.body_parts.push(body);
+        if pending.body_received == body_size {
+            self.finish_publish(context)?;
+        }
+        Ok(())
+    }
+
+    /// The whole message has arrived: route it, or buffer it in tx mode.
+    fn finish_publish(&mut self, context: &ConnectionContext) -> AmqpResult<()> {
+        let Some(pending) = self.content.take() else {
+            return Ok(());
+        };
+        let Some(header) = pending.header else {
+            return Ok(());
+        };
+        let publish = pending.publish;
+        let message = Arc::new(Message {
+            exchange: publish.exchange.clone(),
+            routing_key: publish.routing_key.clone(),
+            properties: header.properties,
+            body: join_body(pending.body_parts, header.body_size as usize),
+        });
+        if let Some(transaction) = self.tx.as_mut() {
+            // The exchange must exist now, as RabbitMQ checks at publish time.
+            context.vhost.exchange_for_publish(&publish.exchange)?;
+            transaction.body_bytes += message.body_size();
+            if transaction.body_bytes > TX_UNCOMMITTED_BYTES_MAX {
+                return Err(AmqpError::precondition_failed(format!(
+                    "transaction holds more than {TX_UNCOMMITTED_BYTES_MAX} bytes of uncommitted messages"
+                )));
+            }
+            transaction.operations.push(TxOperation::Publish(message, publish));
+            return Ok(());
+        }
+        self.route_and_enqueue(context, message, &publish)
+    }
+
+    fn route_and_enqueue(&mut self, context: &ConnectionContext, message: Arc<Message>, publish: &Publish) -> AmqpResult<()> {
+        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+        let decoded_headers;
+        let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers() {
+            decoded_headers = message
+                .properties
+                .decode()
+                .ok()
+                .and_then(|properties| properties.headers().clone());
+            decoded_headers.as_ref()
+        } else {
+            None
+        };
+        context.vhost.route(
+            &exchange,
+            &publish.routing_key,
+            headers,
+            &mut self.route_scratch,
+            &mut self.route_queues,
+        );
+        if self.route_queues.is_empty() {
+            if publish.mandatory {
+                context.outbox.append(|out| {
+                    encode_return(
+                        out,
+                        self.id,
+                        ReplyCode::NoRoute.code(),
+                        "NO_ROUTE",
+                        &message.exchange,
+                        &message.routing_key,
+                    );
+                    encode_content(out, self.id, &message.properties, &message.body, context.frame_max);
+                });
+            }
+        } else {
+            for queue in self.route_queues.drain(..) {
+                queue.publish(Arc::clone(&message));
+            }
+        }
+        if let Some(confirms) = self.confirms.as_mut() {
+            confirms.next_sequence += 1;
+            confirms.confirmed_through = confirms.next_sequence;
+        }
+        Ok(())
+    }
+
+    /// Writes the confirms accumulated while handling a batch of frames: one
+    /// basic.ack with multiple for a run of publishes.
+    pub fn flush_confirms(&mut self, context: &ConnectionContext) {
+        let Some(confirms) = self.confirms.as_mut() else {
+            return;
+        };
+        if confirms.confirmed_through == confirms.sent_through {
+            return;
+        }
+        let multiple = confirms.confirmed_through - confirms.sent_through > 1;
+        let delivery_tag = confirms.confirmed_through;
+        confirms.sent_through = confirms.confirmed_through;
+        context
+            .outbox
+            .append(|out| encode_confirm(out, self.id, delivery_tag, multiple, true));
+    }
+
+    // ----- acknowledgements -----
+
+    pub fn handle_ack(&mut self, context: &ConnectionContext, ack: Ack) -> AmqpResult<()> {
+        self.settle(context, ack.delivery_tag, ack.multiple, None)
+    }
+
+    pub fn handle_nack(&mut self, context: &ConnectionContext, nack: Nack) -> AmqpResult<()> {
+        self.settle(context, nack.delivery_tag, nack.multiple, Some(nack.requeue))
+    }
+
+    pub fn handle_reject(&mut self, context: &ConnectionContext, reject: Reject) -> AmqpResult<()> {
+        self.settle(context, reject.delivery_tag, false, Some(reject.requeue))
+    }
+
+    fn settle(&mut self, context: &ConnectionContext, delivery_tag: u64, multiple: bool, requeue: Option<bool>) -> AmqpResult<()> {
+        if let Some(transaction) = self.tx.as_mut() {
+            transaction.operations.push(TxOperation::Settle {
+                delivery_tag,
+                multiple,
+                requeue,
+            });
+            return Ok(());
+        }
+        let settled = self.deliveries.settle(delivery_tag, multiple, requeue)?;
+        self.apply_settled(settled);
+        let _ = context;
+        Ok(())
+    }
+
+    fn apply_settled(&mut self, settled: Settled) {
+        settle_by_queue(settled.acked);
+        requeue_by_queue(settled.requeued);
+        self.dispatch_consumer_queues();
+    }
+
+    /// Prefetch room was freed: let this channel's queues deliver again.
+    fn dispatch_consumer_queues(&self) {
+        for entry in self.consumers.values() {
+            entry.queue.dispatch();
+        }
+    }
+
+    // ----- control methods -----
+
+    /// Handles a control-plane method other than channel.open/close, which
+    /// the connection handles.
+    pub fn handle_control(&mut self, context: &ConnectionContext, class: AMQPClass) -> AmqpResult<()> {
+        self.prune_cancelled_consumers();
+        match class {
+            AMQPClass::Channel(method) => self.handle_channel_method(context, method),
+            AMQPClass::Exchange(method) => self.handle_exchange_method(context, method),
+            AMQPClass::Queue(method) => self.handle_queue_method(context, method),
+            AMQPClass::Basic(method) => self.handle_basic_method(context, method),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                if self.tx.is_some() {
+                    return Err(AmqpError::precondition_failed("cannot switch from tx to confirm mode"));
+                }
+                self.confirms.get_or_insert_with(Confirms::default);
+                if !select.nowait {
+                    self.reply(context, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                }
+                Ok(())
+            }
+            AMQPClass::Tx(method) => self.handle_tx_method(context, method),
+            AMQPClass::Access(_) => {
+                // access.request is deprecated; RabbitMQ answers it with a ticket of 1.
+                self.reply(
+                    context,
+                    AMQPClass::Access(amq_protocol::protocol::access::AMQPMethod::RequestOk(
+                        amq_protocol::protocol::access::RequestOk {},
+                    )),
+                );
+                Ok(())
+            }
+            other => Err(AmqpError::command_invalid(format!(
+                "method {}.{} is not valid on channel {}",
+                other.get_amqp_class_id(),
+                other.get_amqp_method_id(),
+                self.id
+            ))),
+        }
+    }
+
+    fn handle_channel_method(&mut self, context: &ConnectionContext, method: channel::AMQPMethod) -> AmqpResult<()> {
+        match method {
+            channel::AMQPMethod::Flow(flow) => {
+                self.deliveries.set_flow(flow.active);
+                self.reply(
+                    context,
+                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: flow.active })),
+                );
+                if flow.active {
+                    self.dispatch_consumer_queues();
+                }
+                Ok(())
+            }
+            channel::AMQPMethod::Open(_) => Err(AmqpError::channel_error("second 'channel.open' seen")),
+            channel::AMQPMethod::FlowOk(_) => Ok(()),
+            other => Err(AmqpError::command_invalid(format!(
+                "unexpected method channel.{}",
+                AMQPClass::Channel(other).get_amqp_method_id()
+            ))),
+        }
+    }
+
+    fn handle_exchange_method(&mut self, context: &ConnectionContext, method: exchange::AMQPMethod) -> AmqpResult<()> {
+        let vhost = &context.vhost;
+        match method {
+            exchange::AMQPMethod::Declare(declare) => {
+                vhost.declare_exchange(ExchangeDeclaration {
+                    name: declare.exchange.as_str(),
+                    kind: declare.kind.as_str(),
+                    passive: declare.passive,
+                    durable: declare.durable,
+                    auto_delete: declare.auto_delete,
+                    internal: declare.internal,
+                    arguments: declare.arguments,
+                })?;
+                if !declare.nowait {
+                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})));
+                }
+            }
+            exchange::AMQPMethod::Delete(delete) => {
+                vhost.delete_exchange(delete.exchange.as_str(), delete.if_unused)?;
+                if !delete.nowait {
+                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})));
+                }
+            }
+            exchange::AMQPMethod::Bind(bind) => {
+                vhost.bind(
+                    bind.source.as_str(),
+                    Destination::Exchange(Arc::from(bind.destination.as_str())),
+                    bind.routing_key.as_str(),
+                    bind.arguments,
+                    context.connection_id,
+                )?;
+                if !bind.nowait {
+                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})));
+                }
+            }
+            exchange::AMQPMethod::Unbind(unbind) => {
+                vhost.unbind(
+                    unbind.source.as_str(),
+                    Destination::Exchange(Arc::from(unbind.destination.as_str())),
+                    unbind.routing_key.as_str(),
+                    unbind.arguments,
+                    context.connection_id,
+                )?;
+                if !unbind.nowait {
+                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})));
+                }
+            }
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "unexpected method exchange.{}",
+                    AMQPClass::Exchange(other).get_amqp_method_id()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_queue_method(&mut self, context: &ConnectionContext, method: queue::AMQPMethod) -> AmqpResult<()> {
+        let vhost = &context.vhost;
+        match method {
+            queue::AMQPMethod::Declare(declare) => {
+                let name = if declare.passive {
+                    self.queue_name(declare.queue.as_str())?.into_owned()
+                } else {
+                    declare.queue.as_str().to_owned()
+                };
+                let (queue, _created) = vhost.declare_queue(
+                    QueueDeclaration {
+                        name: &name,
+                        passive: declare.passive,
+                        durable: declare.durable,
+                        exclusive: declare.exclusive,
+                        auto_delete: declare.auto_delete,
+                        arguments: declare.arguments,
+                    },
+                    context.connection_id,
+                )?;
+                self.last_declared_queue = Some(Arc::clone(&queue.name));
+                if !declare.nowait {
+                    self.reply(
+                        context,
+                        AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                            queue: queue.name.as_ref().into(),
+                            message_count: queue.message_count(),
+                            consumer_count: queue.consumer_count(),
+                        })),
+                    );
+                }
+            }
+            queue::AMQPMethod::Bind(bind) => {
+                let name = self.queue_name(bind.queue.as_str())?;
+                vhost.bind(
+                    bind.exchange.as_str(),
+                    Destination::Queue(Arc::from(name.as_ref())),
+                    bind.routing_key.as_str(),
+                    bind.arguments,
+                    context.connection_id,
+                )?;
+                if !bind.nowait {
+                    self.reply(context, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})));
+                }
+            }
+            queue::AMQPMethod::Unbind(unbind) => {
+                let name = self.queue_name(unbind.queue.as_str())?;
+                vhost.unbind(
+                    unbind.exchange.as_str(),
+                    Destination::Queue(Arc::from(name.as_ref())),
+                    unbind.routing_key.as_str(),
+                    unbind.arguments,
+                    context.connection_id,
+                )?;
+                self.reply(context, AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})));
+            }
+            queue::AMQPMethod::Purge(purge) => {
+                let name = self.queue_name(purge.queue.as_str())?;
+                let queue = vhost.queue(&name, context.connection_id)?;
+                let message_count = queue.purge();
+                if !purge.nowait {
+                    self.reply(
+                        context,
+                        AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count })),
+                    );
+                }
+            }
+            queue::AMQPMethod::Delete(delete) => {
+                let name = self.queue_name(delete.queue.as_str())?;
+                let (message_count, consumers) =
+                    vhost.delete_queue(&name, delete.if_unused, delete.if_empty, context.connection_id)?;
+                for consumer in consumers {
+                    consumer.sink.cancelled_by_queue(&consumer);
+                }
+                self.prune_cancelled_consumers();
+                if !delete.nowait {
+                    self.reply(
+                        context,
+                        AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count })),
+                    );
+                }
+            }
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "unexpected method queue.{}",
+                    AMQPClass::Queue(other).get_amqp_method_id()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_basic_method(&mut self, context: &ConnectionContext, method: basic::AMQPMethod) -> AmqpResult<()> {
+        match method {
+            basic::AMQPMethod::Qos(qos) => {
+                if qos.global {
+                    self.deliveries.set_channel_prefetch(qos.prefetch_count as u32);
+                } else {
+                    self.consumer_prefetch = qos.prefetch_count as u32;
+                }
+                self.reply(context, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                self.dispatch_consumer_queues();
+            }
+            basic::AMQPMethod::Consume(consume) => self.consume(context, consume)?,
+            basic::AMQPMethod::Cancel(cancel) => {
+                self.cancel_consumer(context, cancel.consumer_tag.as_str());
+                if !cancel.nowait {
+                    self.reply(
+                        context,
+                        AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                            consumer_tag: cancel.consumer_tag,
+                        })),
+                    );
+                }
+            }
+            basic::AMQPMethod::Get(get) => {
+                let name = self.queue_name(get.queue.as_str())?;
+                let queue = context.vhost.queue(&name, context.connection_id)?;
+                match queue.get(get.no_ack) {
+                    Some((entry, message_count)) => {
+                        self.deliveries.deliver_get(&queue, entry, message_count, get.no_ack)
+                    }
+                    None => self.reply(context, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
+                }
+            }
+            basic::AMQPMethod::Recover(recover) => {
+                self.recover(recover.requeue)?;
+                self.reply(context, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+            }
+            basic::AMQPMethod::RecoverAsync(recover) => self.recover(recover.requeue)?,
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "unexpected method basic.{}",
+                    AMQPClass::Basic(other).get_amqp_method_id()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn recover(&mut self, requeue: bool) -> AmqpResult<()> {
+        if !requeue {
+            return Err(AmqpError::not_implemented("requeue=false"));
+        }
+        let unacked = self.deliveries.take_all_unacked();
+        for entry in &unacked {
+            if let Some(consumer) = &entry.consumer {
+                consumer.unacked.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
+        }
+        requeue_by_queue(unacked);
+        self.dispatch_consumer_queues();
+        Ok(())
+    }
+
+    fn consume(&mut self, context: &ConnectionContext, consume: basic::Consume) -> AmqpResult<()> {
+        let name = self.queue_name(consume.queue.as_str())?;
+        let queue = context.vhost.queue(&name, context.connection_id)?;
+        let tag: Arc<str> = if consume.consumer_tag.as_str().is_empty() {
+            loop {
+                let candidate = format!("amq.ctag-{}-{}", context.connection_id, self.next_consumer_tag);
+                self.next_consumer_tag += 1;
+                if !self.consumers.contains_key(candidate.as_str()) {
+                    break Arc::from(candidate);
+                }
+            }
+        } else {
+            Arc::from(consume.consumer_tag.as_str())
+        };
+        if self.consumers.contains_key(&tag) {
+            return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
+        }
+        let priority = match consume.arguments.inner().get("x-priority") {
+            None => 0,
+            Some(value) => as_integer(value)
+                .and_then(|priority| i32::try_from(priority).ok())
+                .ok_or_else(|| {
+                    AmqpError::precondition_failed(format!(
+                        "invalid arg 'x-priority' for queue '{}' in vhost '{}': expected an integer",
+                        queue.name, queue.vhost
+                    ))
+                })?,
+        };
+        let consumer = Arc::new(Consumer {
+            tag: Arc::clone(&tag),
+            channel_id: self.id,
+            connection_id: context.connection_id,
+            no_ack: consume.no_ack,
+            exclusive: consume.exclusive,
+            priority,
+            prefetch_count: self.consumer_prefetch,
+            unacked: AtomicU32::new(0),
+            sink: self.deliveries.clone(),
+        });
+        queue.add_consumer(consumer)?;
+        self.consumers.insert(
+            Arc::clone(&tag),
+            ChannelConsumer {
+                queue: Arc::clone(&queue),
+            },
+        );
+        if !consume.nowait {
+            self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: tag.as_ref().into(),
+                })),
+            );
+        }
+        queue.dispatch();
+        Ok(())
+    }
+
+    fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) {
+        let Some(entry) = self.consumers.remove(tag) else {
+            return; // cancelling an unknown tag succeeds, as in RabbitMQ
+        };
+        if let Some(removed) = entry.queue.remove_consumer(context.connection_id, self.id, tag) {
+            if removed.queue_now_unused {
+                context.vhost.remove_queue(&entry.queue);
+            }
+        }
+    }
+
+    fn handle_tx_method(&mut self, context: &ConnectionContext, method: tx::AMQPMethod) -> AmqpResult<()> {
+        match method {
+            tx::AMQPMethod::Select(_) => {
+                if self.confirms.is_some() {
+                    return Err(AmqpError::precondition_failed("cannot switch from confirm to tx mode"));
+                }
+                self.tx.get_or_insert_with(Transaction::default);
+                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
+            }
+            tx::AMQPMethod::Commit(_) => {
+                let Some(transaction) = self.tx.as_mut() else {
+                    return Err(AmqpError::precondition_failed("channel is not transactional"));
+                };
+                let operations = std::mem::take(&mut transaction.operations);
+                transaction.body_bytes = 0;
+                // Leave tx mode while applying, so the operations take effect
+                // instead of being buffered again.
+                let transaction = self.tx.take();
+                let result = self.apply_transaction(context, operations);
+                self.tx = transaction;
+                result?;
+                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+            }
+            tx::AMQPMethod::Rollback(_) => {
+                let Some(transaction) = self.tx.as_mut() else {
+                    return Err(AmqpError::precondition_failed("channel is not transactional"));
+                };
+                transaction.operations.clear();
+                transaction.body_bytes = 0;
+                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})));
+            }
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "unexpected method tx.{}",
+                    AMQPClass::Tx(other).get_amqp_method_id()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_transaction(&mut self, context: &ConnectionContext, operations: Vec<TxOperation>) -> AmqpResult<()> {
+        for operation in operations {
+            match operation {
+                TxOperation::Publish(message, publish) => self.route_and_enqueue(context, message, &publish)?,
+                TxOperation::Settle {
+                    delivery_tag,
+                    multiple,
+                    requeue,
+                } => self.settle(context, delivery_tag, multiple, requeue)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the channel's side of things: consumers cancelled (auto-delete
+    /// queues that lose their last consumer go), unacked messages back to
+    /// their queues in order, marked redelivered.
+    pub fn release(&mut self, context: &ConnectionContext) {
+        let unacked = self.deliveries.close();
+        let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
+        for tag in tags {
+            self.cancel_consumer(context, &tag);
+        }
+        for entry in &unacked {
+            if let Some(consumer) = &entry.consumer {
+                consumer.unacked.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
+        }
+        requeue_by_queue(unacked);
+        self.content = None;
+        self.tx = None;
+    }
+}
+
+/// Acked messages, counted per queue with one lock each.
+fn settle_by_queue(acked: Vec<Unacked>) {
+    let mut start = 0;
+    while start < acked.len() {
+        let queue = &acked[start].queue;
+        let run = acked[start..]
+            .iter()
+            .take_while(|entry| Arc::ptr_eq(&entry.queue, queue))
+            .count();
+        queue.settle(run as u64);
+        start += run;
+    }
+}
+
+/// Requeued messages, handed back per queue in their original order.
+fn requeue_by_queue(requeued: Vec<Unacked>) {
+    let mut by_queue: HashMap<*const Queue, (Arc<Queue>, Vec<sluice_core::queue::QueuedMessage>)> = HashMap::new();
+    for entry in requeued {
+        by_queue
+            .entry(Arc::as_ptr(&entry.queue))
+            .or_insert_with(|| (Arc::clone(&entry.queue), Vec::new()))
+            .1
+            .push(entry.entry);
+    }
+    for (_, (queue, entries)) in by_queue {
+        queue.requeue(entries);
+    }
+}

@@ -1,0 +1,456 @@
+//! One client connection: the reader task that handles every frame, and the
+//! writer task (see [`crate::outbox`]) that sends what channels and queues
+//! append to its output buffer.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amq_protocol::protocol::{channel, connection, AMQPClass};
+use sluice_core::broker::Broker;
+use sluice_core::error::AmqpError;
+use sluice_core::queue::Queue;
+use sluice_wire::content::decode_content_header;
+use sluice_wire::encode::encode_control;
+use sluice_wire::frame::{Frame, FrameType};
+use sluice_wire::method::{decode_method, Method, MethodError};
+use sluice_wire::reply_code::ReplyCode;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::channel::Channel;
+use crate::connection_context::ConnectionContext;
+use crate::frame_reader::{FrameReader, ReadError};
+use crate::handshake::{handshake, refuse, HandshakeError};
+use crate::limits::CLOSE_OK_TIMEOUT_MS;
+use crate::outbox::Outbox;
+use crate::settings::ServerSettings;
+
+/// What handling a frame asks of the connection.
+enum Flow {
+    Continue,
+    /// Close the connection with this error (we send connection.close).
+    CloseWith(AmqpError, u16, u16),
+    /// The client closed (we answered close-ok), or our close was confirmed.
+    Finished,
+}
+
+pub struct Connection {
+    context: ConnectionContext,
+    peer: SocketAddr,
+    channels: HashMap<u16, Channel>,
+    /// Channels with confirms to flush at the end of a read batch.
+    confirm_channels: Vec<u16>,
+    heartbeat: Option<Duration>,
+    /// Queues this connection's consumers read from, for resuming deliveries
+    /// after the output buffer drains.
+    consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>>,
+    closing: bool,
+}
+
+/// Serves one accepted socket until it closes.
+pub async fn serve(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, settings: Arc<ServerSettings>, mut shutdown: watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = FrameReader::new(read_half, settings.frame_max);
+    let negotiated = match handshake(&mut reader, &mut write_half, peer, &broker, &settings).await {
+        Ok(negotiated) => negotiated,
+        Err(HandshakeError::Refused(error, class_id, method_id)) => {
+            tracing::info!(%peer, %error, "connection refused during handshake");
+            refuse(&mut reader, &mut write_half, &error, class_id, method_id).await;
+            return;
+        }
+        Err(error) => {
+            tracing::info!(%peer, %error, "handshake failed");
+            return;
+        }
+    };
+    let connection_id = broker.next_connection_id();
+    tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
+    let heartbeat = (negotiated.heartbeat_secs > 0).then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
+    let outbox = Outbox::new();
+    let consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>> = Arc::new(Mutex::new(Vec::new()));
+    let resume_queues = Arc::clone(&consumer_queues);
+    let writer = tokio::spawn(Arc::clone(&outbox).run_writer(write_half, heartbeat, move || {
+        let queues: Vec<Arc<Queue>> = resume_queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        for queue in queues {
+            queue.dispatch();
+        }
+    }));
+    let mut connection = Connection {
+        context: ConnectionContext {
+            connection_id,
+            broker: Arc::clone(&broker),
+            vhost: negotiated.vhost,
+            outbox: Arc::clone(&outbox),
+            frame_max: negotiated.frame_max,
+            channel_max: negotiated.channel_max,
+            max_message_size: settings.max_message_size,
+            client_capabilities: negotiated.client_capabilities,
+        },
+        peer,
+        channels: HashMap::new(),
+        confirm_channels: Vec::new(),
+        heartbeat,
+        consumer_queues,
+        closing: false,
+    };
+    connection.run(&mut reader, &mut shutdown).await;
+    connection.release();
+    outbox.close();
+    let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
+    tracing::info!(%peer, connection_id, "connection closed");
+}
+
+impl Connection {
+    async fn run(&mut self, reader: &mut FrameReader, shutdown: &mut watch::Receiver<bool>) {
+        loop {
+            // Handle every frame already read, then flush their confirms.
+            loop {
+                match reader.next_buffered() {
+                    Ok(Some(frame)) => match self.handle_frame(frame) {
+                        Flow::Continue => {}
+                        Flow::CloseWith(error, class_id, method_id) => self.start_close(&error, class_id, method_id),
+                        Flow::Finished => return,
+                    },
+                    Ok(None) => break,
+                    Err(error) => {
+                        self.flush_confirms();
+                        self.start_close(&AmqpError::frame_error(error.to_string()), 0, 0);
+                        // The stream is no longer framed: nothing more can be read.
+                        self.wait_for_writer().await;
+                        return;
+                    }
+                }
+            }
+            self.flush_confirms();
+            self.context.outbox.wait_below_reader_pause().await;
+            if self.context.outbox.is_broken() {
+                return;
+            }
+            let timeout = if self.closing {
+                Some(Duration::from_millis(CLOSE_OK_TIMEOUT_MS))
+            } else {
+                self.heartbeat.map(|interval| interval * 2)
+            };
+            tokio::select! {
+                read = reader.fill(timeout) => match read {
+                    Ok(_) => {}
+                    Err(ReadError::Timeout(limit)) => {
+                        if !self.closing {
+                            tracing::warn!(peer = %self.peer, "missed heartbeats from client, timeout: {}s", limit.as_secs() / 2);
+                        }
+                        return;
+                    }
+                    Err(ReadError::Closed) => {
+                        if !self.closing {
+                            tracing::info!(peer = %self.peer, "client closed the TCP connection without connection.close");
+                        }
+                        return;
+                    }
+                    Err(ReadError::Io(error)) => {
+                        tracing::info!(peer = %self.peer, %error, "connection read failed");
+                        return;
+                    }
+                },
+                _ = shutdown.changed(), if !self.closing => {
+                    self.start_close(
+                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                        0,
+                        0,
+                    );
+                }
+            }
+        }
+    }
+
+    async fn wait_for_writer(&self) {
+        let drained = self.context.outbox.drained();
+        let _ = tokio::time::timeout(Duration::from_millis(100), drained).await;
+    }
+
+    fn send(&self, channel_id: u16, class: AMQPClass) {
+        self.context.outbox.append(|out| encode_control(out, channel_id, &class));
+    }
+
+    /// Sends connection.close and stops handling anything but close-ok.
+    fn start_close(&mut self, error: &AmqpError, class_id: u16, method_id: u16) {
+        if self.closing {
+            return;
+        }
+        tracing::warn!(peer = %self.peer, connection_id = self.context.connection_id, %error, "closing connection");
+        self.closing = true;
+        self.release_channels();
+        self.send(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+                reply_code: error.code.code(),
+                reply_text: error.reply_text().as_str().into(),
+                class_id,
+                method_id,
+            })),
+        );
+    }
+
+    fn flush_confirms(&mut self) {
+        for channel_id in self.confirm_channels.drain(..) {
+            if let Some(channel) = self.channels.get_mut(&channel_id) {
+                channel.flush_confirms(&self.context);
+            }
+        }
+    }
+
+    fn handle_frame(&mut self, frame: Frame) -> Flow {
+        if self.closing {
+            // After our connection.close only close-ok (or a crossing close) matters.
+            if frame.frame_type == FrameType::Method && frame.channel == 0 {
+                match decode_method(&frame.payload) {
+                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)))) => return Flow::Finished,
+                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(_)))) => {
+                        self.send(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                        return Flow::Finished;
+                    }
+                    _ => {}
+                }
+            }
+            return Flow::Continue;
+        }
+        match frame.frame_type {
+            FrameType::Heartbeat => {
+                if frame.channel != 0 {
+                    return Flow::CloseWith(
+                        AmqpError::frame_error(format!("heartbeat frame on channel {}", frame.channel)),
+                        0,
+                        0,
+                    );
+                }
+                Flow::Continue
+            }
+            FrameType::Method => self.handle_method_frame(frame),
+            FrameType::Header | FrameType::Body => self.handle_content_frame(frame),
+        }
+    }
+
+    fn handle_method_frame(&mut self, frame: Frame) -> Flow {
+        let method = match decode_method(&frame.payload) {
+            Ok(method) => method,
+            Err(error @ MethodError::Unknown { class_id, method_id }) => {
+                return Flow::CloseWith(AmqpError::not_implemented(error.to_string()), class_id, method_id)
+            }
+            Err(error @ MethodError::Malformed { class_id, method_id }) => {
+                return Flow::CloseWith(AmqpError::frame_error(error.to_string()), class_id, method_id)
+            }
+            Err(error) => return Flow::CloseWith(AmqpError::frame_error(error.to_string()), 0, 0),
+        };
+        if frame.channel == 0 {
+            return self.handle_connection_method(method);
+        }
+        let ids = method_ids(&method);
+        let channel_id = frame.channel;
+        if let Method::Control(AMQPClass::Channel(channel::AMQPMethod::Open(_))) = &method {
+            return self.open_channel(channel_id);
+        }
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            return Flow::CloseWith(
+                AmqpError::channel_error(format!("expected 'channel.open' on channel {channel_id}")),
+                ids.0,
+                ids.1,
+            );
+        };
+        if channel.closing {
+            match method {
+                Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))) => {
+                    self.channels.remove(&channel_id);
+                }
+                Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(_))) => {
+                    self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                    self.channels.remove(&channel_id);
+                }
+                _ => {} // dropped, as the specification asks, until close-ok
+            }
+            return Flow::Continue;
+        }
+        if channel.expects_content() {
+            return Flow::CloseWith(
+                AmqpError::unexpected_frame(format!(
+                    "expected content header for class 60, got method frame on channel {channel_id}"
+                )),
+                ids.0,
+                ids.1,
+            );
+        }
+        let context = &self.context;
+        let result = match method {
+            Method::Publish(publish) => channel.handle_publish(context, publish),
+            Method::Ack(ack) => channel.handle_ack(context, ack),
+            Method::Nack(nack) => channel.handle_nack(context, nack),
+            Method::Reject(reject) => channel.handle_reject(context, reject),
+            Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(close))) => {
+                tracing::debug!(channel_id, reply_code = close.reply_code, "client closed channel");
+                channel.release(context);
+                self.channels.remove(&channel_id);
+                self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                return Flow::Continue;
+            }
+            Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))) => Ok(()),
+            Method::Control(class) => {
+                let is_consume = matches!(
+                    class,
+                    AMQPClass::Basic(
+                        amq_protocol::protocol::basic::AMQPMethod::Consume(_)
+                            | amq_protocol::protocol::basic::AMQPMethod::Cancel(_)
+                    )
+                );
+                let result = channel.handle_control(context, class);
+                if is_consume && result.is_ok() {
+                    self.refresh_consumer_queues();
+                }
+                result
+            }
+        };
+        if let Some(channel) = self.channels.get(&channel_id) {
+            if channel.has_confirms() && !self.confirm_channels.contains(&channel_id) {
+                self.confirm_channels.push(channel_id);
+            }
+        }
+        match result {
+            Ok(()) => Flow::Continue,
+            Err(error) => self.channel_error(channel_id, error, ids),
+        }
+    }
+
+    fn handle_content_frame(&mut self, frame: Frame) -> Flow {
+        let channel_id = frame.channel;
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            return Flow::CloseWith(
+                AmqpError::channel_error(format!("expected 'channel.open' on channel {channel_id}")),
+                0,
+                0,
+            );
+        };
+        if channel.closing {
+            return Flow::Continue;
+        }
+        let result = if frame.frame_type == FrameType::Header {
+            match decode_content_header(&frame.payload) {
+                Ok(header) => channel.handle_content_header(&self.context, header),
+                Err(error) => Err(AmqpError::frame_error(error.to_string())),
+            }
+        } else {
+            channel.handle_content_body(&self.context, frame.payload)
+        };
+        match result {
+            Ok(()) => Flow::Continue,
+            Err(error) => self.channel_error(channel_id, error, (60, 40)),
+        }
+    }
+
+    /// Soft errors close the channel; hard ones the whole connection.
+    fn channel_error(&mut self, channel_id: u16, error: AmqpError, (class_id, method_id): (u16, u16)) -> Flow {
+        if error.code.is_hard_error() {
+            return Flow::CloseWith(error, class_id, method_id);
+        }
+        tracing::debug!(peer = %self.peer, channel_id, %error, "closing channel");
+        if let Some(channel) = self.channels.get_mut(&channel_id) {
+            channel.flush_confirms(&self.context);
+            channel.release(&self.context);
+            channel.closing = true;
+        }
+        self.send(
+            channel_id,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: error.code.code(),
+                reply_text: error.reply_text().as_str().into(),
+                class_id,
+                method_id,
+            })),
+        );
+        Flow::Continue
+    }
+
+    fn open_channel(&mut self, channel_id: u16) -> Flow {
+        if channel_id > self.context.channel_max {
+            return Flow::CloseWith(
+                AmqpError::not_allowed(format!(
+                    "channel id {channel_id} is above the negotiated channel_max {}",
+                    self.context.channel_max
+                )),
+                20,
+                10,
+            );
+        }
+        if self.channels.contains_key(&channel_id) {
+            return Flow::CloseWith(AmqpError::channel_error("second 'channel.open' seen"), 20, 10);
+        }
+        self.channels.insert(channel_id, Channel::new(channel_id, &self.context));
+        self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
+        Flow::Continue
+    }
+
+    fn handle_connection_method(&mut self, method: Method) -> Flow {
+        match method {
+            Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(close))) => {
+                tracing::debug!(peer = %self.peer, reply_code = close.reply_code, "client closed connection");
+                self.release_channels();
+                self.send(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                Flow::Finished
+            }
+            Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => Flow::Finished,
+            Method::Control(AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(_))) => {
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(connection::UpdateSecretOk {})),
+                );
+                Flow::Continue
+            }
+            other => {
+                let (class_id, method_id) = method_ids(&other);
+                Flow::CloseWith(
+                    AmqpError::command_invalid(format!("method {class_id}.{method_id} is not valid on channel 0")),
+                    class_id,
+                    method_id,
+                )
+            }
+        }
+    }
+
+    fn refresh_consumer_queues(&self) {
+        let mut queues = self
+            .consumer_queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        queues.clear();
+        for channel in self.channels.values() {
+            for queue in channel.consumer_queues() {
+                if !queues.iter().any(|known| Arc::ptr_eq(known, &queue)) {
+                    queues.push(queue);
+                }
+            }
+        }
+    }
+
+    fn release_channels(&mut self) {
+        for channel in self.channels.values_mut() {
+            channel.release(&self.context);
+        }
+        self.channels.clear();
+        self.refresh_consumer_queues();
+    }
+
+    /// The connection is gone: channels released, exclusive queues deleted.
+    fn release(&mut self) {
+        self.release_channels();
+        self.context.vhost.remove_exclusive_queues(self.context.connection_id);
+    }
+}
+
+fn method_ids(method: &Method) -> (u16, u16) {
+    match method {
+        Method::Publish(_) => (60, 40),
+        Method::Ack(_) => (60, 80),
+        Method::Reject(_) => (60, 90),
+        Method::Nack(_) => (60, 120),
+        Method::Control(class) => (class.get_amqp_class_id(), class.get_amqp_method_id()),
+    }
+}

@@ -1,0 +1,29 @@
+//! What every channel of a connection shares: the connection's identity,
+//! vhost, negotiated limits and output buffer.
+
+use std::sync::Arc;
+
+use sluice_core::broker::Broker;
+use sluice_core::consumer::ConnectionId;
+use sluice_core::vhost::VirtualHost;
+
+use crate::outbox::Outbox;
+
+/// Capabilities the client announced in connection.start-ok.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientCapabilities {
+    pub consumer_cancel_notify: bool,
+    pub authentication_failure_close: bool,
+    pub connection_blocked: bool,
+}
+
+pub struct ConnectionContext {
+    pub connection_id: ConnectionId,
+    pub broker: Arc<Broker>,
+    pub vhost: Arc<VirtualHost>,
+    pub outbox: Arc<Outbox>,
+    pub frame_max: u32,
+    pub channel_max: u16,
+    pub max_message_size: u32,
+    pub client_capabilities: ClientCapabilities,
+}

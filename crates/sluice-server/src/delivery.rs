@@ -1,0 +1,242 @@
+//! The delivery side of a channel: what queues call into, from any thread,
+//! to hand a message to one of the channel's consumers.
+//!
+//! It owns the channel's delivery tags and its unacknowledged messages, and
+//! enforces prefetch (per consumer and per channel) and channel.flow.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sluice_core::consumer::{Consumer, DeliverySink};
+use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::queue::{Queue, QueuedMessage};
+use sluice_wire::encode::{encode_content, encode_deliver, encode_get_ok};
+
+use crate::outbox::Outbox;
+
+/// A message delivered on this channel and not yet acknowledged.
+pub struct Unacked {
+    pub delivery_tag: u64,
+    pub queue: Arc<Queue>,
+    pub entry: QueuedMessage,
+    /// None for a message fetched with basic.get.
+    pub consumer: Option<Arc<Consumer>>,
+}
+
+/// Messages settled by one ack, nack or reject, grouped by what happens next.
+#[derive(Default)]
+pub struct Settled {
+    pub acked: Vec<Unacked>,
+    pub requeued: Vec<Unacked>,
+}
+
+struct DeliveryState {
+    next_delivery_tag: u64,
+    /// Ordered by delivery tag, which only grows.
+    unacked: VecDeque<Unacked>,
+    /// basic.qos with global=true: unacked messages across the channel; 0 is
+    /// unlimited.
+    channel_prefetch: u32,
+    /// channel.flow from the client.
+    flow_active: bool,
+    closed: bool,
+    /// Consumers the queue cancelled (queue deleted); the channel forgets
+    /// their tags when it next handles a method.
+    cancelled_by_queue: Vec<Arc<str>>,
+}
+
+pub struct ChannelDeliveries {
+    pub channel_id: u16,
+    frame_max: u32,
+    /// The client advertised consumer_cancel_notify: it understands a
+    /// basic.cancel sent by the broker.
+    cancel_notify: bool,
+    outbox: Arc<Outbox>,
+    state: Mutex<DeliveryState>,
+}
+
+impl ChannelDeliveries {
+    pub fn new(channel_id: u16, frame_max: u32, cancel_notify: bool, outbox: Arc<Outbox>) -> Self {
+        ChannelDeliveries {
+            channel_id,
+            frame_max,
+            cancel_notify,
+            outbox,
+            state: Mutex::new(DeliveryState {
+                next_delivery_tag: 1,
+                unacked: VecDeque::new(),
+                channel_prefetch: 0,
+                flow_active: true,
+                closed: false,
+                cancelled_by_queue: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DeliveryState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn set_channel_prefetch(&self, prefetch_count: u32) {
+        self.lock().channel_prefetch = prefetch_count;
+    }
+
+    pub fn take_cancelled_by_queue(&self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.lock().cancelled_by_queue)
+    }
+
+    pub fn set_flow(&self, active: bool) {
+        self.lock().flow_active = active;
+    }
+
+    /// Stops deliveries and hands back every unacked message, oldest first.
+    pub fn close(&self) -> Vec<Unacked> {
+        let mut state = self.lock();
+        state.closed = true;
+        state.unacked.drain(..).collect()
+    }
+
+    /// Hands back every unacked message (basic.recover), keeping the channel open.
+    pub fn take_all_unacked(&self) -> Vec<Unacked> {
+        self.lock().unacked.drain(..).collect()
+    }
+
+    fn channel_has_room(state: &DeliveryState) -> bool {
+        state.channel_prefetch == 0 || state.unacked.len() < state.channel_prefetch as usize
+    }
+
+    /// Writes a basic.get-ok for `entry` and, unless no_ack, records it.
+    pub fn deliver_get(&self, queue: &Arc<Queue>, entry: QueuedMessage, message_count: u32, no_ack: bool) {
+        let mut state = self.lock();
+        let delivery_tag = state.next_delivery_tag;
+        state.next_delivery_tag += 1;
+        let message = &entry.message;
+        self.outbox.append(|out| {
+            encode_get_ok(
+                out,
+                self.channel_id,
+                delivery_tag,
+                entry.redelivered,
+                &message.exchange,
+                &message.routing_key,
+                message_count,
+            );
+            encode_content(out, self.channel_id, &message.properties, &message.body, self.frame_max);
+        });
+        if !no_ack {
+            state.unacked.push_back(Unacked {
+                delivery_tag,
+                queue: Arc::clone(queue),
+                entry,
+                consumer: None,
+            });
+        }
+    }
+
+    /// Settles unacked messages for basic.ack (`requeue` None), basic.nack
+    /// and basic.reject (`requeue` Some). `multiple` settles every message up
+    /// to and including `delivery_tag`; tag 0 with multiple means all.
+    pub fn settle(&self, delivery_tag: u64, multiple: bool, requeue: Option<bool>) -> AmqpResult<Settled> {
+        let mut state = self.lock();
+        let taken: Vec<Unacked> = if multiple {
+            let count = if delivery_tag == 0 {
+                state.unacked.len()
+            } else {
+                state.unacked.partition_point(|unacked| unacked.delivery_tag <= delivery_tag)
+            };
+            if count == 0 && delivery_tag != 0 {
+                return Err(unknown_delivery_tag(delivery_tag));
+            }
+            state.unacked.drain(..count).collect()
+        } else {
+            let index = state
+                .unacked
+                .binary_search_by_key(&delivery_tag, |unacked| unacked.delivery_tag)
+                .map_err(|_| unknown_delivery_tag(delivery_tag))?;
+            state.unacked.remove(index).into_iter().collect()
+        };
+        drop(state);
+        for unacked in &taken {
+            if let Some(consumer) = &unacked.consumer {
+                consumer.unacked.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let mut settled = Settled::default();
+        if requeue == Some(true) {
+            settled.requeued = taken;
+        } else {
+            settled.acked = taken;
+        }
+        Ok(settled)
+    }
+}
+
+fn unknown_delivery_tag(delivery_tag: u64) -> AmqpError {
+    AmqpError::precondition_failed(format!("unknown delivery tag {delivery_tag}"))
+}
+
+impl DeliverySink for ChannelDeliveries {
+    fn deliver(&self, consumer: &Arc<Consumer>, queue: &Arc<Queue>, entry: QueuedMessage) -> Result<(), QueuedMessage> {
+        let mut state = self.lock();
+        if state.closed || !state.flow_active || (!consumer.no_ack && !Self::channel_has_room(&state)) {
+            return Err(entry);
+        }
+        let delivery_tag = state.next_delivery_tag;
+        let message = &entry.message;
+        let written = self.outbox.append_delivery(|out| {
+            encode_deliver(
+                out,
+                self.channel_id,
+                consumer.tag.as_bytes(),
+                delivery_tag,
+                entry.redelivered,
+                &message.exchange,
+                &message.routing_key,
+            );
+            encode_content(out, self.channel_id, &message.properties, &message.body, self.frame_max);
+        });
+        if !written {
+            return Err(entry);
+        }
+        state.next_delivery_tag += 1;
+        if !consumer.no_ack {
+            consumer.unacked.fetch_add(1, Ordering::AcqRel);
+            state.unacked.push_back(Unacked {
+                delivery_tag,
+                queue: Arc::clone(queue),
+                entry,
+                consumer: Some(Arc::clone(consumer)),
+            });
+        }
+        Ok(())
+    }
+
+    fn can_deliver(&self, consumer: &Consumer) -> bool {
+        let state = self.lock();
+        !state.closed
+            && state.flow_active
+            && (consumer.no_ack || Self::channel_has_room(&state))
+            && self.outbox.has_delivery_room()
+    }
+
+    fn cancelled_by_queue(&self, consumer: &Arc<Consumer>) {
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        state.cancelled_by_queue.push(Arc::clone(&consumer.tag));
+        drop(state);
+        if !self.cancel_notify {
+            return;
+        }
+        let cancel = amq_protocol::protocol::AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Cancel(
+            amq_protocol::protocol::basic::Cancel {
+                consumer_tag: consumer.tag.as_ref().into(),
+                nowait: true,
+            },
+        ));
+        self.outbox
+            .append(|out| sluice_wire::encode::encode_control(out, self.channel_id, &cancel));
+    }
+}

@@ -1,0 +1,331 @@
+//! The connection handshake: protocol header, start/start-ok (SASL PLAIN or
+//! AMQPLAIN), tune/tune-ok, open/open-ok.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString};
+use bytes::BytesMut;
+use sluice_core::broker::Broker;
+use sluice_core::error::AmqpError;
+use sluice_core::vhost::VirtualHost;
+use sluice_wire::encode::encode_control;
+use sluice_wire::frame::{FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
+use sluice_wire::method::{decode_method, Method};
+use sluice_wire::reply_code::ReplyCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+
+use crate::connection_context::ClientCapabilities;
+use crate::frame_reader::{FrameReader, HandshakeReadError};
+use crate::settings::ServerSettings;
+
+/// What the handshake agreed on.
+pub struct Negotiated {
+    pub frame_max: u32,
+    pub channel_max: u16,
+    /// Zero disables heartbeats.
+    pub heartbeat_secs: u16,
+    pub vhost: Arc<VirtualHost>,
+    pub user: String,
+    pub client_capabilities: ClientCapabilities,
+    pub client_properties: FieldTable,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("peer sent an unsupported protocol header {0:?}")]
+    BadProtocolHeader(Vec<u8>),
+    #[error(transparent)]
+    Read(#[from] HandshakeReadError),
+    #[error("socket write failed: {0}")]
+    Write(#[from] std::io::Error),
+    /// Refused with a connection.close carrying this error.
+    #[error("{0}")]
+    Refused(AmqpError, u16, u16),
+}
+
+async fn send(socket: &mut OwnedWriteHalf, class: AMQPClass) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    encode_control(&mut out, 0, &class);
+    socket.write_all(&out).await
+}
+
+/// The server properties RabbitMQ clients read, with the capabilities
+/// RabbitMQ advertises.
+fn server_properties(settings: &ServerSettings) -> FieldTable {
+    let mut capabilities = FieldTable::default();
+    for capability in [
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "consumer_priorities",
+        "authentication_failure_close",
+        "per_consumer_qos",
+        "direct_reply_to",
+    ] {
+        capabilities.insert(capability.into(), AMQPValue::Boolean(true));
+    }
+    let mut properties = FieldTable::default();
+    properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+    let text = |value: &str| AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()));
+    properties.insert("product".into(), text("Sluice"));
+    properties.insert("version".into(), text(env!("CARGO_PKG_VERSION")));
+    properties.insert("platform".into(), text("Rust"));
+    properties.insert("cluster_name".into(), text(&settings.cluster_name));
+    properties.insert("copyright".into(), text("Copyright (c) the Sluice authors"));
+    properties.insert("information".into(), text("Licensed under the Apache License 2.0"));
+    properties
+}
+
+fn string_value(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(value) => Some(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        AMQPValue::ShortString(value) => Some(value.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Reads the username and password from a SASL response.
+fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), AmqpError> {
+    match mechanism {
+        "PLAIN" => {
+            // authzid NUL authcid NUL password
+            let mut parts = response.split(|byte| *byte == 0);
+            let _authorization = parts.next();
+            let (Some(user), Some(password), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(AmqpError::access_refused(
+                    "Login was refused using authentication mechanism PLAIN. For details see the broker logfile.",
+                ));
+            };
+            Ok((
+                String::from_utf8_lossy(user).into_owned(),
+                String::from_utf8_lossy(password).into_owned(),
+            ))
+        }
+        "AMQPLAIN" => {
+            // A field table without its length prefix.
+            let mut table = Vec::with_capacity(response.len() + 4);
+            table.extend_from_slice(&(response.len() as u32).to_be_bytes());
+            table.extend_from_slice(response);
+            let refused = || {
+                AmqpError::access_refused(
+                    "Login was refused using authentication mechanism AMQPLAIN. For details see the broker logfile.",
+                )
+            };
+            let (_, fields) = amq_protocol::types::parsing::parse_field_table(&table[..]).map_err(|_| refused())?;
+            let user = string_value(fields.inner().get("LOGIN")).ok_or_else(refused)?;
+            let password = string_value(fields.inner().get("PASSWORD")).ok_or_else(refused)?;
+            Ok((user, password))
+        }
+        other => Err(AmqpError::command_invalid(format!(
+            "unknown authentication mechanism '{other}'"
+        ))),
+    }
+}
+
+fn capabilities_of(client_properties: &FieldTable) -> ClientCapabilities {
+    let Some(AMQPValue::FieldTable(capabilities)) = client_properties.inner().get("capabilities") else {
+        return ClientCapabilities::default();
+    };
+    let flag = |name: &str| matches!(capabilities.inner().get(name), Some(AMQPValue::Boolean(true)));
+    ClientCapabilities {
+        consumer_cancel_notify: flag("consumer_cancel_notify"),
+        authentication_failure_close: flag("authentication_failure_close"),
+        connection_blocked: flag("connection.blocked"),
+    }
+}
+
+/// Expects a connection-class method on channel 0.
+async fn expect_connection_method(
+    reader: &mut FrameReader,
+    timeout: Duration,
+    expected: &str,
+) -> Result<connection::AMQPMethod, HandshakeError> {
+    let frame = reader.next_frame(Some(timeout)).await?;
+    let unexpected = |what: &str| {
+        HandshakeError::Refused(
+            AmqpError::command_invalid(format!("expected '{expected}', got {what}")),
+            10,
+            0,
+        )
+    };
+    if frame.frame_type != FrameType::Method {
+        return Err(unexpected("a non-method frame"));
+    }
+    match decode_method(&frame.payload) {
+        Ok(Method::Control(AMQPClass::Connection(method))) => Ok(method),
+        Ok(_) => Err(unexpected("a method of another class")),
+        Err(error) => Err(HandshakeError::Refused(AmqpError::frame_error(error.to_string()), 10, 0)),
+    }
+}
+
+/// Runs the handshake on a fresh connection. On a refusal the caller sends
+/// the connection.close in the error and closes the socket.
+pub async fn handshake(
+    reader: &mut FrameReader,
+    writer: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    broker: &Broker,
+    settings: &ServerSettings,
+) -> Result<Negotiated, HandshakeError> {
+    let timeout = settings.handshake_timeout;
+    let header = reader.read_raw(PROTOCOL_HEADER.len(), Some(timeout)).await.map_err(HandshakeReadError::from)?;
+    if header[..] != PROTOCOL_HEADER[..] {
+        // The specification's answer to a header we do not speak: our own
+        // header, then close.
+        writer.write_all(&PROTOCOL_HEADER).await?;
+        return Err(HandshakeError::BadProtocolHeader(header.to_vec()));
+    }
+    send(
+        writer,
+        AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: server_properties(settings),
+            mechanisms: LongString::from(b"PLAIN AMQPLAIN".to_vec()),
+            locales: LongString::from(b"en_US".to_vec()),
+        })),
+    )
+    .await?;
+
+    let connection::AMQPMethod::StartOk(start_ok) = expect_connection_method(reader, timeout, "connection.start-ok").await? else {
+        return Err(HandshakeError::Refused(
+            AmqpError::command_invalid("expected 'connection.start-ok'"),
+            10,
+            11,
+        ));
+    };
+    let mechanism = start_ok.mechanism.as_str().to_owned();
+    let (user, password) =
+        credentials(&mechanism, start_ok.response.as_bytes()).map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+    if let Err(reason) = broker.login(&user, &password, peer.ip()) {
+        tracing::warn!(%peer, %reason, "login refused");
+        return Err(HandshakeError::Refused(
+            AmqpError::access_refused(format!(
+                "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+            )),
+            10,
+            11,
+        ));
+    }
+    let client_capabilities = capabilities_of(&start_ok.client_properties);
+
+    send(
+        writer,
+        AMQPClass::Connection(connection::AMQPMethod::Tune(connection::Tune {
+            channel_max: settings.channel_max,
+            frame_max: settings.frame_max,
+            heartbeat: settings.heartbeat_secs,
+        })),
+    )
+    .await?;
+    let connection::AMQPMethod::TuneOk(tune_ok) = expect_connection_method(reader, timeout, "connection.tune-ok").await? else {
+        return Err(HandshakeError::Refused(
+            AmqpError::command_invalid("expected 'connection.tune-ok'"),
+            10,
+            31,
+        ));
+    };
+    let frame_max = if tune_ok.frame_max == 0 { settings.frame_max } else { tune_ok.frame_max };
+    if frame_max < FRAME_MIN_SIZE {
+        return Err(HandshakeError::Refused(
+            AmqpError::not_allowed(format!("frame_max={frame_max} < {FRAME_MIN_SIZE} min size")),
+            10,
+            31,
+        ));
+    }
+    if frame_max > settings.frame_max {
+        return Err(HandshakeError::Refused(
+            AmqpError::not_allowed(format!("frame_max={frame_max} > {} max size", settings.frame_max)),
+            10,
+            31,
+        ));
+    }
+    let channel_max = match tune_ok.channel_max {
+        0 => settings.channel_max,
+        requested => requested.min(settings.channel_max),
+    };
+    reader.frame_max = frame_max;
+
+    let connection::AMQPMethod::Open(open) = expect_connection_method(reader, timeout, "connection.open").await? else {
+        return Err(HandshakeError::Refused(
+            AmqpError::command_invalid("expected 'connection.open'"),
+            10,
+            40,
+        ));
+    };
+    let vhost_name = open.virtual_host.as_str();
+    let Some(vhost) = broker.vhost(vhost_name) else {
+        return Err(HandshakeError::Refused(
+            AmqpError::not_allowed(format!("vhost {vhost_name} not found")),
+            10,
+            40,
+        ));
+    };
+    send(writer, AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {}))).await?;
+    Ok(Negotiated {
+        frame_max,
+        channel_max,
+        heartbeat_secs: tune_ok.heartbeat,
+        vhost,
+        user,
+        client_capabilities,
+        client_properties: start_ok.client_properties,
+    })
+}
+
+/// Sends connection.close for a refused handshake and gives the client a
+/// moment to read it before the socket closes.
+pub async fn refuse(reader: &mut FrameReader, writer: &mut OwnedWriteHalf, error: &AmqpError, class_id: u16, method_id: u16) {
+    let close = AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+        reply_code: error.code.code(),
+        reply_text: error.reply_text().as_str().into(),
+        class_id,
+        method_id,
+    }));
+    if send(writer, close).await.is_err() {
+        return;
+    }
+    // Wait briefly for close-ok; whatever arrives, we close afterwards.
+    let _ = reader
+        .next_frame(Some(Duration::from_millis(crate::limits::CLOSE_OK_TIMEOUT_MS)))
+        .await;
+    let _ = writer.shutdown().await;
+    let _ = ReplyCode::ConnectionForced;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_plain_and_amqplain_credentials() {
+        assert_eq!(
+            credentials("PLAIN", b"\0guest\0secret").unwrap(),
+            ("guest".to_owned(), "secret".to_owned())
+        );
+        assert!(credentials("PLAIN", b"guest").is_err());
+        // AMQPLAIN: LOGIN and PASSWORD as a table without its length.
+        let mut response = Vec::new();
+        response.push(5);
+        response.extend_from_slice(b"LOGIN");
+        response.push(b'S');
+        response.extend_from_slice(&5u32.to_be_bytes());
+        response.extend_from_slice(b"guest");
+        response.push(8);
+        response.extend_from_slice(b"PASSWORD");
+        response.push(b'S');
+        response.extend_from_slice(&3u32.to_be_bytes());
+        response.extend_from_slice(b"pwd");
+        assert_eq!(
+            credentials("AMQPLAIN", &response).unwrap(),
+            ("guest".to_owned(), "pwd".to_owned())
+        );
+        assert_eq!(credentials("EXTERNAL", b"").unwrap_err().code, ReplyCode::CommandInvalid);
+    }
+}

@@ -1,0 +1,32 @@
+//! Every bound the server puts on a buffer, queue or loop, with the reason.
+
+/// Bytes read from a socket per read call. Large enough that one read picks
+/// up dozens of 1 KB publishes; the buffer is shared by the message bodies
+/// sliced out of it, so it is allocated afresh once they hold on to it.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Deliveries stop going into a connection's output buffer past this size,
+/// until the writer has drained it. It bounds the memory a slow consumer can
+/// pin (beyond its prefetch) and keeps write batches large under load.
+pub const OUTBOX_DELIVERY_BYTES_MAX: usize = 1024 * 1024;
+
+/// The reader stops reading a client's frames while its output buffer holds
+/// more than this: a client that publishes but never reads its socket (and
+/// so never takes its confirms or replies) is slowed down instead of growing
+/// the buffer without bound.
+pub const OUTBOX_READER_PAUSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A channel in tx mode buffers publishes until commit; past this many bytes
+/// of uncommitted bodies the channel is closed with PRECONDITION_FAILED.
+pub const TX_UNCOMMITTED_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// A peer that does not answer our connection.close within this time is
+/// disconnected anyway.
+pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;
+
+/// Body frames of one message held while it is being assembled; a message
+/// larger than max_message_size is refused before this matters, so this only
+/// bounds the vector of slices for bodies made of many tiny frames.
+pub const BODY_PARTS_INITIAL: usize = 4;
+
+const _: () = assert!(OUTBOX_DELIVERY_BYTES_MAX < OUTBOX_READER_PAUSE_BYTES);

@@ -1,0 +1,165 @@
+//! A connection's output buffer and the task that writes it to the socket.
+//!
+//! Everything a connection sends (replies, confirms, deliveries from any
+//! queue on any thread) is appended to one buffer under a short lock; the
+//! writer task swaps it out and writes it with one syscall. Under load many
+//! frames share a write, so the per-message cost of the syscall shrinks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_wire::encode::encode_heartbeat;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::Notify;
+
+use crate::limits::{OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_READER_PAUSE_BYTES};
+
+pub struct Outbox {
+    buffer: Mutex<BytesMut>,
+    /// Wakes the writer when there is something to write.
+    has_data: Notify,
+    /// Wakes the reader (paused on a full buffer) and the delivery resumer
+    /// when the writer has drained the buffer.
+    drained: Notify,
+    /// A delivery was refused because the buffer was full; once drained, the
+    /// connection asks its queues to dispatch again.
+    deliveries_refused: AtomicBool,
+    /// The writer should flush what is left and stop.
+    closing: AtomicBool,
+    /// The socket failed: nothing more can be written.
+    broken: AtomicBool,
+}
+
+impl Outbox {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Outbox {
+            buffer: Mutex::new(BytesMut::with_capacity(64 * 1024)),
+            has_data: Notify::new(),
+            drained: Notify::new(),
+            deliveries_refused: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BytesMut> {
+        self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends frames written by `write` and wakes the writer.
+    pub fn append(&self, write: impl FnOnce(&mut BytesMut)) {
+        write(&mut self.lock());
+        self.has_data.notify_one();
+    }
+
+    /// Appends a delivery unless the buffer is over its delivery bound, in
+    /// which case the refusal is remembered so the connection resumes
+    /// deliveries once the writer drains it.
+    pub fn append_delivery(&self, write: impl FnOnce(&mut BytesMut)) -> bool {
+        let mut buffer = self.lock();
+        if buffer.len() >= OUTBOX_DELIVERY_BYTES_MAX || self.broken.load(Ordering::Relaxed) {
+            self.deliveries_refused.store(true, Ordering::Release);
+            return false;
+        }
+        write(&mut buffer);
+        drop(buffer);
+        self.has_data.notify_one();
+        true
+    }
+
+    /// Whether a delivery would be accepted now.
+    pub fn has_delivery_room(&self) -> bool {
+        let full = self.lock().len() >= OUTBOX_DELIVERY_BYTES_MAX;
+        if full {
+            self.deliveries_refused.store(true, Ordering::Release);
+        }
+        !full && !self.broken.load(Ordering::Relaxed)
+    }
+
+    pub fn take_deliveries_refused(&self) -> bool {
+        self.deliveries_refused.swap(false, Ordering::AcqRel)
+    }
+
+    /// Waits while the buffer is over the bound at which the reader pauses.
+    pub async fn wait_below_reader_pause(&self) {
+        loop {
+            let drained = self.drained.notified();
+            if self.lock().len() < OUTBOX_READER_PAUSE_BYTES || self.broken.load(Ordering::Acquire) {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// Resolves each time the writer finishes a write.
+    pub fn drained(&self) -> tokio::sync::futures::Notified<'_> {
+        self.drained.notified()
+    }
+
+    /// Asks the writer to write what is buffered and then stop.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.has_data.notify_one();
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    /// The writer task: writes whatever is buffered, sends heartbeats when the
+    /// connection has been quiet for half the heartbeat interval, and stops
+    /// when closed or when the socket fails.
+    pub async fn run_writer(
+        self: Arc<Self>,
+        mut socket: OwnedWriteHalf,
+        heartbeat: Option<Duration>,
+        resume_deliveries: impl Fn() + Send,
+    ) {
+        let mut spare = BytesMut::with_capacity(64 * 1024);
+        loop {
+            let woken = match heartbeat {
+                Some(interval) => tokio::time::timeout(interval / 2, self.has_data.notified())
+                    .await
+                    .is_ok(),
+                None => {
+                    self.has_data.notified().await;
+                    true
+                }
+            };
+            let mut pending = {
+                let mut buffer = self.lock();
+                if !woken && buffer.is_empty() {
+                    encode_heartbeat(&mut buffer);
+                }
+                std::mem::replace(&mut *buffer, spare)
+            };
+            if !pending.is_empty() {
+                if let Err(error) = socket.write_all(&pending).await {
+                    tracing::debug!(%error, "socket write failed");
+                    self.broken.store(true, Ordering::Release);
+                    self.drained.notify_waiters();
+                    return;
+                }
+            }
+            pending.clear();
+            // One huge message must not keep a huge buffer alive for the
+            // rest of the connection's life.
+            spare = if pending.capacity() > OUTBOX_READER_PAUSE_BYTES {
+                BytesMut::with_capacity(64 * 1024)
+            } else {
+                pending
+            };
+            self.drained.notify_waiters();
+            if self.take_deliveries_refused() {
+                resume_deliveries();
+            }
+            if self.closing.load(Ordering::Acquire) && self.lock().is_empty() {
+                let _ = socket.shutdown().await;
+                return;
+            }
+        }
+    }
+}

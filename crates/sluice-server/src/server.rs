@@ -1,0 +1,119 @@
+//! The TCP listener: accepts connections and stops them on shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::broker::{Broker, BrokerSettings};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::Config;
+use crate::connection;
+use crate::settings::ServerSettings;
+
+/// Open connections get this long to finish their close handshake when the
+/// broker shuts down.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {address}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A server that is accepting connections.
+pub struct RunningServer {
+    pub local_address: SocketAddr,
+    pub broker: Arc<Broker>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Closes every connection with CONNECTION_FORCED and stops accepting.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Binds the listener and starts accepting in the background.
+pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    let listener = TcpListener::bind(config.listen).await.map_err(|source| ServerError::Bind {
+        address: config.listen,
+        source,
+    })?;
+    let local_address = listener.local_addr().map_err(|source| ServerError::Bind {
+        address: config.listen,
+        source,
+    })?;
+    let broker = Arc::new(Broker::new(&BrokerSettings {
+        default_user: config.default_user.clone(),
+        default_pass: config.default_pass.clone(),
+        default_vhost: config.default_vhost.clone(),
+        loopback_users: config.loopback_users.clone(),
+    }));
+    let settings = Arc::new(ServerSettings::from_config(&config));
+    let (shutdown, shutdown_receiver) = watch::channel(false);
+    tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
+    let task = tokio::spawn(accept_loop(listener, Arc::clone(&broker), settings, shutdown_receiver));
+    Ok(RunningServer {
+        local_address,
+        broker,
+        shutdown,
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    broker: Arc<Broker>,
+    settings: Arc<ServerSettings>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    connections.spawn(connection::serve(
+                        stream,
+                        peer,
+                        Arc::clone(&broker),
+                        Arc::clone(&settings),
+                        shutdown.clone(),
+                    ));
+                }
+                Err(error) => {
+                    // Out of file descriptors and the like: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.abort_all();
+}
+
+/// Runs the broker until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+    let server = start(config).await?;
+    shutdown.await;
+    tracing::info!("shutting down");
+    server.stop().await;
+    Ok(())
+}
