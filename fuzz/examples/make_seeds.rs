@@ -77,9 +77,9 @@ fn main() -> std::io::Result<()> {
     // A publish with the common properties and a 1 KB body.
     let mut out = BytesMut::new();
     publish(&mut out, 1, "a.b.c", &AMQPProperties::default().with_delivery_mode(2), &[b'x'; 1024]);
-    fs::write(frames_dir.join("publish"), frames_input(&out, 0))?;
-    // The same, fed a byte at a time (chunk seed 0 gives chunks of 1 first).
-    fs::write(frames_dir.join("publish_chunked"), frames_input(&out, 64))?;
+    fs::write(frames_dir.join("publish"), frames_input(&out, 63))?;
+    // The same, fed in small chunks (chunk seed 0 gives a chunk of 1 first).
+    fs::write(frames_dir.join("publish_chunked"), frames_input(&out, 0))?;
 
     // A publish with every property and a body split over several frames.
     let mut out = BytesMut::new();

@@ -80,7 +80,11 @@ pub fn display_value(value: &AMQPValue) -> String {
 fn describe(value: Option<&AMQPValue>) -> String {
     match value {
         None => "none".to_owned(),
-        Some(value) => format!("the value '{}' of type '{}'", display_value(value), type_name(value)),
+        Some(value) => format!(
+            "the value '{}' of type '{}'",
+            display_value(value),
+            type_name(value)
+        ),
     }
 }
 
@@ -149,8 +153,13 @@ mod tests {
     fn arguments_equivalence_uses_rabbitmq_wording() {
         let mut received = FieldTable::default();
         received.insert("x-max-length".into(), AMQPValue::LongInt(10));
-        let error = check_equivalence(QUEUE_EQUIVALENCE_KEYS, &received, &FieldTable::default(), "queue 'q' in vhost '/'")
-            .unwrap_err();
+        let error = check_equivalence(
+            QUEUE_EQUIVALENCE_KEYS,
+            &received,
+            &FieldTable::default(),
+            "queue 'q' in vhost '/'",
+        )
+        .unwrap_err();
         assert_eq!(
             error.reply_text(),
             "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received the value '10' of type 'signedint' but current is none"
@@ -164,6 +173,8 @@ mod tests {
         received.insert("custom".into(), AMQPValue::Boolean(true));
         let mut current = FieldTable::default();
         current.insert("x-message-ttl".into(), AMQPValue::ShortInt(500));
-        assert!(check_equivalence(QUEUE_EQUIVALENCE_KEYS, &received, &current, "queue 'q'").is_ok());
+        assert!(
+            check_equivalence(QUEUE_EQUIVALENCE_KEYS, &received, &current, "queue 'q'").is_ok()
+        );
     }
 }

@@ -60,8 +60,15 @@ impl Broker {
     }
 
     pub fn add_vhost(&self, name: &str) -> Arc<VirtualHost> {
-        let mut vhosts = self.vhosts.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| Arc::new(VirtualHost::new(name))))
+        let mut vhosts = self
+            .vhosts
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(
+            vhosts
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(VirtualHost::new(name))),
+        )
     }
 
     pub fn vhost(&self, name: &str) -> Option<Arc<VirtualHost>> {
@@ -95,8 +102,13 @@ impl Broker {
 
     /// Checks a username and password presented from `peer`.
     pub fn login(&self, name: &str, password: &str, peer: IpAddr) -> Result<(), LoginError> {
-        let users = self.users.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let user = users.get(name).ok_or_else(|| LoginError::UnknownUser(name.to_owned()))?;
+        let users = self
+            .users
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let user = users
+            .get(name)
+            .ok_or_else(|| LoginError::UnknownUser(name.to_owned()))?;
         if !constant_time_equal(user.password.as_bytes(), password.as_bytes()) {
             return Err(LoginError::WrongPassword(name.to_owned()));
         }
@@ -123,7 +135,10 @@ fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
     if left.len() != right.len() {
         return false;
     }
-    left.iter().zip(right).fold(0u8, |difference, (a, b)| difference | (a ^ b)) == 0
+    left.iter()
+        .zip(right)
+        .fold(0u8, |difference, (a, b)| difference | (a ^ b))
+        == 0
 }
 
 #[cfg(test)]
@@ -142,8 +157,12 @@ mod tests {
     #[test]
     fn broker_guest_only_from_loopback() {
         let broker = broker();
-        assert!(broker.login("guest", "guest", "127.0.0.1".parse().unwrap()).is_ok());
-        assert!(broker.login("guest", "guest", "::ffff:127.0.0.1".parse().unwrap()).is_ok());
+        assert!(broker
+            .login("guest", "guest", "127.0.0.1".parse().unwrap())
+            .is_ok());
+        assert!(broker
+            .login("guest", "guest", "::ffff:127.0.0.1".parse().unwrap())
+            .is_ok());
         assert_eq!(
             broker.login("guest", "guest", "10.0.0.5".parse().unwrap()),
             Err(LoginError::LoopbackOnly("guest".into()))
@@ -152,7 +171,9 @@ mod tests {
             broker.login("guest", "nope", "127.0.0.1".parse().unwrap()),
             Err(LoginError::WrongPassword("guest".into()))
         );
-        assert!(broker.login("nobody", "x", "127.0.0.1".parse().unwrap()).is_err());
+        assert!(broker
+            .login("nobody", "x", "127.0.0.1".parse().unwrap())
+            .is_err());
         assert!(broker.vhost("/").is_some());
     }
 }

@@ -17,7 +17,12 @@ pub trait DeliverySink: Send + Sync {
     /// cannot take it now (prefetch reached, channel flow off, output buffer
     /// full). A sink that refuses must retry dispatch on the queues of its
     /// consumers once it can take messages again.
-    fn deliver(&self, consumer: &Arc<Consumer>, queue: &Arc<Queue>, entry: QueuedMessage) -> Result<(), QueuedMessage>;
+    fn deliver(
+        &self,
+        consumer: &Arc<Consumer>,
+        queue: &Arc<Queue>,
+        entry: QueuedMessage,
+    ) -> Result<(), QueuedMessage>;
 
     /// Whether [`DeliverySink::deliver`] would accept a message for this
     /// consumer now; lets a queue skip a full consumer without popping.
@@ -50,7 +55,9 @@ impl Consumer {
     /// Room under the per-consumer prefetch; channel-wide limits are the
     /// sink's business.
     pub fn has_prefetch_room(&self) -> bool {
-        self.no_ack || self.prefetch_count == 0 || self.unacked.load(Ordering::Acquire) < self.prefetch_count
+        self.no_ack
+            || self.prefetch_count == 0
+            || self.unacked.load(Ordering::Acquire) < self.prefetch_count
     }
 }
 

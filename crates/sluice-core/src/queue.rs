@@ -80,7 +80,9 @@ impl Queue {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // A panic while holding the lock leaves counts possibly off by one,
         // never memory unsafe; keep serving rather than poison every user.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -203,7 +205,9 @@ impl Queue {
             entry.redelivered = true;
             state.ready_bytes += entry.message.body_size() as u64;
             // Requeues are usually of the oldest messages: search from the front.
-            let position = state.ready.partition_point(|queued| queued.offset < entry.offset);
+            let position = state
+                .ready
+                .partition_point(|queued| queued.offset < entry.offset);
             state.ready.insert(position, entry);
         }
         self.dispatch_locked(&mut state);
@@ -212,7 +216,10 @@ impl Queue {
     pub fn add_consumer(self: &Arc<Self>, consumer: Arc<Consumer>) -> AmqpResult<()> {
         let mut state = self.lock();
         if self.is_deleted() {
-            return Err(AmqpError::not_found(format!("no queue '{}' in vhost '{}'", self.name, self.vhost)));
+            return Err(AmqpError::not_found(format!(
+                "no queue '{}' in vhost '{}'",
+                self.name, self.vhost
+            )));
         }
         let exclusive_in_use = consumer.exclusive && !state.consumers.is_empty()
             || state.consumers.iter().any(|existing| existing.exclusive);
@@ -222,7 +229,9 @@ impl Queue {
                 self.name, self.vhost
             )));
         }
-        let position = state.consumers.partition_point(|existing| existing.priority >= consumer.priority);
+        let position = state
+            .consumers
+            .partition_point(|existing| existing.priority >= consumer.priority);
         state.consumers.insert(position, consumer);
         state.had_consumer = true;
         // No dispatch here: the caller sends consume-ok first, then calls
@@ -230,14 +239,23 @@ impl Queue {
         Ok(())
     }
 
-    pub fn remove_consumer(&self, connection_id: ConnectionId, channel_id: u16, tag: &str) -> Option<ConsumerRemoved> {
+    pub fn remove_consumer(
+        &self,
+        connection_id: ConnectionId,
+        channel_id: u16,
+        tag: &str,
+    ) -> Option<ConsumerRemoved> {
         let mut state = self.lock();
         let index = state.consumers.iter().position(|consumer| {
-            consumer.connection_id == connection_id && consumer.channel_id == channel_id && &*consumer.tag == tag
+            consumer.connection_id == connection_id
+                && consumer.channel_id == channel_id
+                && &*consumer.tag == tag
         })?;
         let consumer = state.consumers.remove(index);
-        let queue_now_unused =
-            self.options.auto_delete && state.had_consumer && state.consumers.is_empty() && !self.is_deleted();
+        let queue_now_unused = self.options.auto_delete
+            && state.had_consumer
+            && state.consumers.is_empty()
+            && !self.is_deleted();
         Some(ConsumerRemoved {
             consumer,
             queue_now_unused,

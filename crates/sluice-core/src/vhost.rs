@@ -7,7 +7,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use rand::Rng;
 
-use crate::arguments::{check_equivalence, inequivalent_flag, EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS};
+use crate::arguments::{
+    check_equivalence, inequivalent_flag, EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
+};
 use crate::consumer::{ConnectionId, Consumer};
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
@@ -32,7 +34,14 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    fn new(name: &str, kind: ExchangeKind, durable: bool, auto_delete: bool, internal: bool, arguments: FieldTable) -> Self {
+    fn new(
+        name: &str,
+        kind: ExchangeKind,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    ) -> Self {
         Exchange {
             name: Arc::from(name),
             kind,
@@ -45,11 +54,15 @@ impl Exchange {
     }
 
     fn routing(&self) -> RwLockReadGuard<'_, RoutingTable> {
-        self.routing.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.routing
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn routing_mut(&self) -> RwLockWriteGuard<'_, RoutingTable> {
-        self.routing.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.routing
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn is_default(&self) -> bool {
@@ -94,7 +107,8 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 }
 
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl VirtualHost {
@@ -141,12 +155,16 @@ impl VirtualHost {
     }
 
     pub fn exchange(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
-        read(&self.exchanges).get(name).cloned().ok_or_else(|| self.no_exchange(name))
+        read(&self.exchanges)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.no_exchange(name))
     }
 
     /// The exchange named by a publish, whose name arrives as raw bytes.
     pub fn exchange_for_publish(&self, name: &[u8]) -> AmqpResult<Arc<Exchange>> {
-        let name = std::str::from_utf8(name).map_err(|_| self.no_exchange(&String::from_utf8_lossy(name)))?;
+        let name = std::str::from_utf8(name)
+            .map_err(|_| self.no_exchange(&String::from_utf8_lossy(name)))?;
         let exchange = self.exchange(name)?;
         if exchange.internal {
             return Err(AmqpError::access_refused(format!(
@@ -167,8 +185,9 @@ impl VirtualHost {
             self.exchange(name)?;
             return Ok(());
         }
-        let kind = ExchangeKind::parse(declaration.kind)
-            .ok_or_else(|| AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind)))?;
+        let kind = ExchangeKind::parse(declaration.kind).ok_or_else(|| {
+            AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
+        })?;
         if name.is_empty() || name.starts_with("amq.") {
             // Redeclaring a standard exchange as it is succeeds in RabbitMQ;
             // anything else under the reserved prefix is refused.
@@ -192,15 +211,35 @@ impl VirtualHost {
                 )));
             }
             if existing.durable != declaration.durable {
-                return Err(inequivalent_flag("durable", &what, declaration.durable, existing.durable));
+                return Err(inequivalent_flag(
+                    "durable",
+                    &what,
+                    declaration.durable,
+                    existing.durable,
+                ));
             }
             if existing.auto_delete != declaration.auto_delete {
-                return Err(inequivalent_flag("auto_delete", &what, declaration.auto_delete, existing.auto_delete));
+                return Err(inequivalent_flag(
+                    "auto_delete",
+                    &what,
+                    declaration.auto_delete,
+                    existing.auto_delete,
+                ));
             }
             if existing.internal != declaration.internal {
-                return Err(inequivalent_flag("internal", &what, declaration.internal, existing.internal));
+                return Err(inequivalent_flag(
+                    "internal",
+                    &what,
+                    declaration.internal,
+                    existing.internal,
+                ));
             }
-            return check_equivalence(EXCHANGE_EQUIVALENCE_KEYS, &declaration.arguments, &existing.arguments, &what);
+            return check_equivalence(
+                EXCHANGE_EQUIVALENCE_KEYS,
+                &declaration.arguments,
+                &existing.arguments,
+                &what,
+            );
         }
         let exchange = Exchange::new(
             name,
@@ -216,7 +255,9 @@ impl VirtualHost {
 
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
         if name.is_empty() {
-            return Err(AmqpError::access_refused("operation not permitted on the default exchange"));
+            return Err(AmqpError::access_refused(
+                "operation not permitted on the default exchange",
+            ));
         }
         if name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
@@ -229,11 +270,14 @@ impl VirtualHost {
         };
         let destination = Destination::Exchange(Arc::clone(&exchange.name));
         if if_unused {
-            let bound_as_destination = exchanges
-                .values()
-                .any(|other| !Arc::ptr_eq(other, &exchange) && other.routing().has_destination(&destination));
+            let bound_as_destination = exchanges.values().any(|other| {
+                !Arc::ptr_eq(other, &exchange) && other.routing().has_destination(&destination)
+            });
             if !exchange.routing().is_empty() || bound_as_destination {
-                return Err(AmqpError::precondition_failed(format!("{} in use", self.describe_exchange(name))));
+                return Err(AmqpError::precondition_failed(format!(
+                    "{} in use",
+                    self.describe_exchange(name)
+                )));
             }
         }
         exchanges.remove(name);
@@ -244,11 +288,17 @@ impl VirtualHost {
 
     /// Removes bindings to `destination` from every exchange and returns the
     /// auto-delete exchanges left without bindings.
-    fn remove_destination_locked(exchanges: &HashMap<Arc<str>, Arc<Exchange>>, destination: &Destination) -> Vec<Arc<str>> {
+    fn remove_destination_locked(
+        exchanges: &HashMap<Arc<str>, Arc<Exchange>>,
+        destination: &Destination,
+    ) -> Vec<Arc<str>> {
         let mut emptied = Vec::new();
         for exchange in exchanges.values() {
             let mut routing = exchange.routing_mut();
-            if routing.remove_destination(destination) > 0 && exchange.auto_delete && routing.is_empty() {
+            if routing.remove_destination(destination) > 0
+                && exchange.auto_delete
+                && routing.is_empty()
+            {
                 emptied.push(Arc::clone(&exchange.name));
             }
         }
@@ -257,7 +307,10 @@ impl VirtualHost {
 
     /// Auto-delete exchanges go when their last binding goes; deleting one
     /// may empty another that was bound to it, so this repeats.
-    fn delete_auto_delete_exchanges(exchanges: &mut HashMap<Arc<str>, Arc<Exchange>>, mut emptied: Vec<Arc<str>>) {
+    fn delete_auto_delete_exchanges(
+        exchanges: &mut HashMap<Arc<str>, Arc<Exchange>>,
+        mut emptied: Vec<Arc<str>>,
+    ) {
         while let Some(name) = emptied.pop() {
             if exchanges.remove(&name).is_some() {
                 let destination = Destination::Exchange(name);
@@ -267,7 +320,11 @@ impl VirtualHost {
     }
 
     /// Declares a queue. Returns it and whether it was created.
-    pub fn declare_queue(&self, declaration: QueueDeclaration<'_>, connection_id: ConnectionId) -> AmqpResult<(Arc<Queue>, bool)> {
+    pub fn declare_queue(
+        &self,
+        declaration: QueueDeclaration<'_>,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<(Arc<Queue>, bool)> {
         if declaration.passive {
             let queue = self.queue(declaration.name, connection_id)?;
             return Ok((queue, false));
@@ -278,14 +335,22 @@ impl VirtualHost {
                 declaration.name
             )));
         }
-        check_queue_type(&declaration.arguments, &self.describe_queue(declaration.name))?;
+        check_queue_type(
+            &declaration.arguments,
+            &self.describe_queue(declaration.name),
+        )?;
         let mut queues = write(&self.queues);
         if !declaration.name.is_empty() {
             if let Some(existing) = queues.get(declaration.name) {
                 existing.check_access(connection_id)?;
                 let what = self.describe_queue(declaration.name);
                 if existing.options.durable != declaration.durable {
-                    return Err(inequivalent_flag("durable", &what, declaration.durable, existing.options.durable));
+                    return Err(inequivalent_flag(
+                        "durable",
+                        &what,
+                        declaration.durable,
+                        existing.options.durable,
+                    ));
                 }
                 if existing.is_exclusive() != declaration.exclusive {
                     return Err(existing_exclusive_mismatch(existing));
@@ -298,7 +363,12 @@ impl VirtualHost {
                         existing.options.auto_delete,
                     ));
                 }
-                check_equivalence(QUEUE_EQUIVALENCE_KEYS, &declaration.arguments, &existing.options.arguments, &what)?;
+                check_equivalence(
+                    QUEUE_EQUIVALENCE_KEYS,
+                    &declaration.arguments,
+                    &existing.options.arguments,
+                    &what,
+                )?;
                 return Ok((Arc::clone(existing), false));
             }
         }
@@ -318,7 +388,11 @@ impl VirtualHost {
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments,
         };
-        let queue = Arc::new(Queue::new(Arc::clone(&name), Arc::clone(&self.name), options));
+        let queue = Arc::new(Queue::new(
+            Arc::clone(&name),
+            Arc::clone(&self.name),
+            options,
+        ));
         queues.insert(name, Arc::clone(&queue));
         Ok((queue, true))
     }
@@ -326,7 +400,10 @@ impl VirtualHost {
     /// Looks a queue up for use by `connection_id`: 404 when missing, 405
     /// when another connection's exclusive queue.
     pub fn queue(&self, name: &str, connection_id: ConnectionId) -> AmqpResult<Arc<Queue>> {
-        let queue = read(&self.queues).get(name).cloned().ok_or_else(|| self.no_queue(name))?;
+        let queue = read(&self.queues)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.no_queue(name))?;
         queue.check_access(connection_id)?;
         Ok(queue)
     }
@@ -346,14 +423,22 @@ impl VirtualHost {
     ) -> AmqpResult<(u32, Vec<Arc<Consumer>>)> {
         let queue = match self.queue(name, connection_id) {
             Ok(queue) => queue,
-            Err(error) if error.code == sluice_wire::reply_code::ReplyCode::NotFound => return Ok((0, Vec::new())),
+            Err(error) if error.code == sluice_wire::reply_code::ReplyCode::NotFound => {
+                return Ok((0, Vec::new()))
+            }
             Err(error) => return Err(error),
         };
         if if_unused && queue.consumer_count() > 0 {
-            return Err(AmqpError::precondition_failed(format!("{} in use", self.describe_queue(name))));
+            return Err(AmqpError::precondition_failed(format!(
+                "{} in use",
+                self.describe_queue(name)
+            )));
         }
         if if_empty && queue.message_count() > 0 {
-            return Err(AmqpError::precondition_failed(format!("{} not empty", self.describe_queue(name))));
+            return Err(AmqpError::precondition_failed(format!(
+                "{} not empty",
+                self.describe_queue(name)
+            )));
         }
         Ok(self.remove_queue(&queue))
     }
@@ -372,7 +457,10 @@ impl VirtualHost {
         }
         let (consumers, dropped) = queue.mark_deleted();
         let mut exchanges = write(&self.exchanges);
-        let emptied = Self::remove_destination_locked(&exchanges, &Destination::Queue(Arc::clone(&queue.name)));
+        let emptied = Self::remove_destination_locked(
+            &exchanges,
+            &Destination::Queue(Arc::clone(&queue.name)),
+        );
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
         (dropped, consumers)
     }
@@ -392,7 +480,9 @@ impl VirtualHost {
 
     fn binding_source(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
         if name.is_empty() {
-            return Err(AmqpError::access_refused("operation not permitted on the default exchange"));
+            return Err(AmqpError::access_refused(
+                "operation not permitted on the default exchange",
+            ));
         }
         self.exchange(name)
     }
@@ -447,10 +537,18 @@ impl VirtualHost {
 
     /// Checks a binding destination exists, returning it with the vhost's
     /// shared name.
-    fn resolve_destination(&self, destination: Destination, connection_id: ConnectionId) -> AmqpResult<Destination> {
+    fn resolve_destination(
+        &self,
+        destination: Destination,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<Destination> {
         match destination {
-            Destination::Queue(name) => Ok(Destination::Queue(Arc::clone(&self.queue(&name, connection_id)?.name))),
-            Destination::Exchange(name) => Ok(Destination::Exchange(Arc::clone(&self.exchange(&name)?.name))),
+            Destination::Queue(name) => Ok(Destination::Queue(Arc::clone(
+                &self.queue(&name, connection_id)?.name,
+            ))),
+            Destination::Exchange(name) => Ok(Destination::Exchange(Arc::clone(
+                &self.exchange(&name)?.name,
+            ))),
         }
     }
 
@@ -487,7 +585,9 @@ impl VirtualHost {
             return;
         }
         scratch.destinations.clear();
-        exchange.routing().route(routing_key, headers, &mut scratch.destinations);
+        exchange
+            .routing()
+            .route(routing_key, headers, &mut scratch.destinations);
         let has_exchange_hops = scratch
             .destinations
             .iter()
@@ -525,7 +625,8 @@ impl VirtualHost {
                 if visited.insert(Arc::clone(name)) {
                     hops += 1;
                     if let Ok(next) = self.exchange(name) {
-                        next.routing().route(routing_key, headers, &mut scratch.destinations);
+                        next.routing()
+                            .route(routing_key, headers, &mut scratch.destinations);
                     }
                 }
             }

@@ -16,7 +16,9 @@ use sluice_core::message::Message;
 use sluice_core::queue::Queue;
 use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::ContentHeader;
-use sluice_wire::encode::{encode_confirm, encode_content, encode_control, encode_return, join_body};
+use sluice_wire::encode::{
+    encode_confirm, encode_content, encode_control, encode_return, join_body,
+};
 use sluice_wire::method::{Ack, Nack, Publish, Reject};
 use sluice_wire::reply_code::ReplyCode;
 
@@ -44,7 +46,11 @@ struct Confirms {
 /// Work buffered by a channel in tx mode until tx.commit.
 enum TxOperation {
     Publish(Arc<Message>, Publish),
-    Settle { delivery_tag: u64, multiple: bool, requeue: Option<bool> },
+    Settle {
+        delivery_tag: u64,
+        multiple: bool,
+        requeue: Option<bool>,
+    },
 }
 
 #[derive(Default)]
@@ -102,7 +108,9 @@ impl Channel {
     }
 
     fn reply(&self, context: &ConnectionContext, class: AMQPClass) {
-        context.outbox.append(|out| encode_control(out, self.id, &class));
+        context
+            .outbox
+            .append(|out| encode_control(out, self.id, &class));
     }
 
     pub fn has_confirms(&self) -> bool {
@@ -111,7 +119,9 @@ impl Channel {
 
     /// The queues this channel's consumers read from.
     pub fn consumer_queues(&self) -> impl Iterator<Item = Arc<Queue>> + '_ {
-        self.consumers.values().map(|entry| Arc::clone(&entry.queue))
+        self.consumers
+            .values()
+            .map(|entry| Arc::clone(&entry.queue))
     }
 
     pub fn expects_content(&self) -> bool {
@@ -137,7 +147,11 @@ impl Channel {
 
     // ----- publishing -----
 
-    pub fn handle_publish(&mut self, context: &ConnectionContext, publish: Publish) -> AmqpResult<()> {
+    pub fn handle_publish(
+        &mut self,
+        context: &ConnectionContext,
+        publish: Publish,
+    ) -> AmqpResult<()> {
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
         }
@@ -151,7 +165,11 @@ impl Channel {
         Ok(())
     }
 
-    pub fn handle_content_header(&mut self, context: &ConnectionContext, header: ContentHeader) -> AmqpResult<()> {
+    pub fn handle_content_header(
+        &mut self,
+        context: &ConnectionContext,
+        header: ContentHeader,
+    ) -> AmqpResult<()> {
         let pending = match self.content.as_mut() {
             Some(pending) if pending.header.is_none() => pending,
             _ => {
@@ -182,7 +200,11 @@ impl Channel {
         Ok(())
     }
 
-    pub fn handle_content_body(&mut self, context: &ConnectionContext, body: Bytes) -> AmqpResult<()> {
+    pub fn handle_content_body(
+        &mut self,
+        context: &ConnectionContext,
+        body: Bytes,
+    ) -> AmqpResult<()> {
         let pending = match self.content.as_mut() {
             Some(pending) if pending.header.is_some() => pending,
             _ => {
@@ -231,16 +253,24 @@ impl Channel {
                     "transaction holds more than {TX_UNCOMMITTED_BYTES_MAX} bytes of uncommitted messages"
                 )));
             }
-            transaction.operations.push(TxOperation::Publish(message, publish));
+            transaction
+                .operations
+                .push(TxOperation::Publish(message, publish));
             return Ok(());
         }
         self.route_and_enqueue(context, message, &publish)
     }
 
-    fn route_and_enqueue(&mut self, context: &ConnectionContext, message: Arc<Message>, publish: &Publish) -> AmqpResult<()> {
+    fn route_and_enqueue(
+        &mut self,
+        context: &ConnectionContext,
+        message: Arc<Message>,
+        publish: &Publish,
+    ) -> AmqpResult<()> {
         let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
         let decoded_headers;
-        let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers() {
+        let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers()
+        {
             decoded_headers = message
                 .properties
                 .decode()
@@ -268,7 +298,13 @@ impl Channel {
                         &message.exchange,
                         &message.routing_key,
                     );
-                    encode_content(out, self.id, &message.properties, &message.body, context.frame_max);
+                    encode_content(
+                        out,
+                        self.id,
+                        &message.properties,
+                        &message.body,
+                        context.frame_max,
+                    );
                 });
             }
         } else {
@@ -307,14 +343,25 @@ impl Channel {
     }
 
     pub fn handle_nack(&mut self, context: &ConnectionContext, nack: Nack) -> AmqpResult<()> {
-        self.settle(context, nack.delivery_tag, nack.multiple, Some(nack.requeue))
+        self.settle(
+            context,
+            nack.delivery_tag,
+            nack.multiple,
+            Some(nack.requeue),
+        )
     }
 
     pub fn handle_reject(&mut self, context: &ConnectionContext, reject: Reject) -> AmqpResult<()> {
         self.settle(context, reject.delivery_tag, false, Some(reject.requeue))
     }
 
-    fn settle(&mut self, context: &ConnectionContext, delivery_tag: u64, multiple: bool, requeue: Option<bool>) -> AmqpResult<()> {
+    fn settle(
+        &mut self,
+        context: &ConnectionContext,
+        delivery_tag: u64,
+        multiple: bool,
+        requeue: Option<bool>,
+    ) -> AmqpResult<()> {
         if let Some(transaction) = self.tx.as_mut() {
             transaction.operations.push(TxOperation::Settle {
                 delivery_tag,
@@ -346,7 +393,11 @@ impl Channel {
 
     /// Handles a control-plane method other than channel.open/close, which
     /// the connection handles.
-    pub fn handle_control(&mut self, context: &ConnectionContext, class: AMQPClass) -> AmqpResult<()> {
+    pub fn handle_control(
+        &mut self,
+        context: &ConnectionContext,
+        class: AMQPClass,
+    ) -> AmqpResult<()> {
         self.prune_cancelled_consumers();
         match class {
             AMQPClass::Channel(method) => self.handle_channel_method(context, method),
@@ -355,11 +406,16 @@ impl Channel {
             AMQPClass::Basic(method) => self.handle_basic_method(context, method),
             AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
                 if self.tx.is_some() {
-                    return Err(AmqpError::precondition_failed("cannot switch from tx to confirm mode"));
+                    return Err(AmqpError::precondition_failed(
+                        "cannot switch from tx to confirm mode",
+                    ));
                 }
                 self.confirms.get_or_insert_with(Confirms::default);
                 if !select.nowait {
-                    self.reply(context, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                    );
                 }
                 Ok(())
             }
@@ -383,20 +439,28 @@ impl Channel {
         }
     }
 
-    fn handle_channel_method(&mut self, context: &ConnectionContext, method: channel::AMQPMethod) -> AmqpResult<()> {
+    fn handle_channel_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: channel::AMQPMethod,
+    ) -> AmqpResult<()> {
         match method {
             channel::AMQPMethod::Flow(flow) => {
                 self.deliveries.set_flow(flow.active);
                 self.reply(
                     context,
-                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: flow.active })),
+                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
+                        active: flow.active,
+                    })),
                 );
                 if flow.active {
                     self.dispatch_consumer_queues();
                 }
                 Ok(())
             }
-            channel::AMQPMethod::Open(_) => Err(AmqpError::channel_error("second 'channel.open' seen")),
+            channel::AMQPMethod::Open(_) => {
+                Err(AmqpError::channel_error("second 'channel.open' seen"))
+            }
             channel::AMQPMethod::FlowOk(_) => Ok(()),
             other => Err(AmqpError::command_invalid(format!(
                 "unexpected method channel.{}",
@@ -405,7 +469,11 @@ impl Channel {
         }
     }
 
-    fn handle_exchange_method(&mut self, context: &ConnectionContext, method: exchange::AMQPMethod) -> AmqpResult<()> {
+    fn handle_exchange_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: exchange::AMQPMethod,
+    ) -> AmqpResult<()> {
         let vhost = &context.vhost;
         match method {
             exchange::AMQPMethod::Declare(declare) => {
@@ -419,13 +487,21 @@ impl Channel {
                     arguments: declare.arguments,
                 })?;
                 if !declare.nowait {
-                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(
+                            exchange::DeclareOk {},
+                        )),
+                    );
                 }
             }
             exchange::AMQPMethod::Delete(delete) => {
                 vhost.delete_exchange(delete.exchange.as_str(), delete.if_unused)?;
                 if !delete.nowait {
-                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+                    );
                 }
             }
             exchange::AMQPMethod::Bind(bind) => {
@@ -437,7 +513,10 @@ impl Channel {
                     context.connection_id,
                 )?;
                 if !bind.nowait {
-                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+                    );
                 }
             }
             exchange::AMQPMethod::Unbind(unbind) => {
@@ -449,7 +528,10 @@ impl Channel {
                     context.connection_id,
                 )?;
                 if !unbind.nowait {
-                    self.reply(context, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+                    );
                 }
             }
             other => {
@@ -462,7 +544,11 @@ impl Channel {
         Ok(())
     }
 
-    fn handle_queue_method(&mut self, context: &ConnectionContext, method: queue::AMQPMethod) -> AmqpResult<()> {
+    fn handle_queue_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: queue::AMQPMethod,
+    ) -> AmqpResult<()> {
         let vhost = &context.vhost;
         match method {
             queue::AMQPMethod::Declare(declare) => {
@@ -504,7 +590,10 @@ impl Channel {
                     context.connection_id,
                 )?;
                 if !bind.nowait {
-                    self.reply(context, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})));
+                    self.reply(
+                        context,
+                        AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+                    );
                 }
             }
             queue::AMQPMethod::Unbind(unbind) => {
@@ -516,7 +605,10 @@ impl Channel {
                     unbind.arguments,
                     context.connection_id,
                 )?;
-                self.reply(context, AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
+                );
             }
             queue::AMQPMethod::Purge(purge) => {
                 let name = self.queue_name(purge.queue.as_str())?;
@@ -525,14 +617,20 @@ impl Channel {
                 if !purge.nowait {
                     self.reply(
                         context,
-                        AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count })),
+                        AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                            message_count,
+                        })),
                     );
                 }
             }
             queue::AMQPMethod::Delete(delete) => {
                 let name = self.queue_name(delete.queue.as_str())?;
-                let (message_count, consumers) =
-                    vhost.delete_queue(&name, delete.if_unused, delete.if_empty, context.connection_id)?;
+                let (message_count, consumers) = vhost.delete_queue(
+                    &name,
+                    delete.if_unused,
+                    delete.if_empty,
+                    context.connection_id,
+                )?;
                 for consumer in consumers {
                     consumer.sink.cancelled_by_queue(&consumer);
                 }
@@ -540,7 +638,9 @@ impl Channel {
                 if !delete.nowait {
                     self.reply(
                         context,
-                        AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count })),
+                        AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                            message_count,
+                        })),
                     );
                 }
             }
@@ -554,15 +654,23 @@ impl Channel {
         Ok(())
     }
 
-    fn handle_basic_method(&mut self, context: &ConnectionContext, method: basic::AMQPMethod) -> AmqpResult<()> {
+    fn handle_basic_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: basic::AMQPMethod,
+    ) -> AmqpResult<()> {
         match method {
             basic::AMQPMethod::Qos(qos) => {
                 if qos.global {
-                    self.deliveries.set_channel_prefetch(qos.prefetch_count as u32);
+                    self.deliveries
+                        .set_channel_prefetch(qos.prefetch_count as u32);
                 } else {
                     self.consumer_prefetch = qos.prefetch_count as u32;
                 }
-                self.reply(context, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
                 self.dispatch_consumer_queues();
             }
             basic::AMQPMethod::Consume(consume) => self.consume(context, consume)?,
@@ -582,14 +690,21 @@ impl Channel {
                 let queue = context.vhost.queue(&name, context.connection_id)?;
                 match queue.get(get.no_ack) {
                     Some((entry, message_count)) => {
-                        self.deliveries.deliver_get(&queue, entry, message_count, get.no_ack)
+                        self.deliveries
+                            .deliver_get(&queue, entry, message_count, get.no_ack)
                     }
-                    None => self.reply(context, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
+                    None => self.reply(
+                        context,
+                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+                    ),
                 }
             }
             basic::AMQPMethod::Recover(recover) => {
                 self.recover(recover.requeue)?;
-                self.reply(context, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                );
             }
             basic::AMQPMethod::RecoverAsync(recover) => self.recover(recover.requeue)?,
             other => {
@@ -609,7 +724,9 @@ impl Channel {
         let unacked = self.deliveries.take_all_unacked();
         for entry in &unacked {
             if let Some(consumer) = &entry.consumer {
-                consumer.unacked.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                consumer
+                    .unacked
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             }
         }
         requeue_by_queue(unacked);
@@ -622,7 +739,10 @@ impl Channel {
         let queue = context.vhost.queue(&name, context.connection_id)?;
         let tag: Arc<str> = if consume.consumer_tag.as_str().is_empty() {
             loop {
-                let candidate = format!("amq.ctag-{}-{}", context.connection_id, self.next_consumer_tag);
+                let candidate = format!(
+                    "amq.ctag-{}-{}",
+                    context.connection_id, self.next_consumer_tag
+                );
                 self.next_consumer_tag += 1;
                 if !self.consumers.contains_key(candidate.as_str()) {
                     break Arc::from(candidate);
@@ -632,7 +752,9 @@ impl Channel {
             Arc::from(consume.consumer_tag.as_str())
         };
         if self.consumers.contains_key(&tag) {
-            return Err(AmqpError::not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{tag}'"
+            )));
         }
         let priority = match consume.arguments.inner().get("x-priority") {
             None => 0,
@@ -679,25 +801,39 @@ impl Channel {
         let Some(entry) = self.consumers.remove(tag) else {
             return; // cancelling an unknown tag succeeds, as in RabbitMQ
         };
-        if let Some(removed) = entry.queue.remove_consumer(context.connection_id, self.id, tag) {
+        if let Some(removed) = entry
+            .queue
+            .remove_consumer(context.connection_id, self.id, tag)
+        {
             if removed.queue_now_unused {
                 context.vhost.remove_queue(&entry.queue);
             }
         }
     }
 
-    fn handle_tx_method(&mut self, context: &ConnectionContext, method: tx::AMQPMethod) -> AmqpResult<()> {
+    fn handle_tx_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: tx::AMQPMethod,
+    ) -> AmqpResult<()> {
         match method {
             tx::AMQPMethod::Select(_) => {
                 if self.confirms.is_some() {
-                    return Err(AmqpError::precondition_failed("cannot switch from confirm to tx mode"));
+                    return Err(AmqpError::precondition_failed(
+                        "cannot switch from confirm to tx mode",
+                    ));
                 }
                 self.tx.get_or_insert_with(Transaction::default);
-                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
+                );
             }
             tx::AMQPMethod::Commit(_) => {
                 let Some(transaction) = self.tx.as_mut() else {
-                    return Err(AmqpError::precondition_failed("channel is not transactional"));
+                    return Err(AmqpError::precondition_failed(
+                        "channel is not transactional",
+                    ));
                 };
                 let operations = std::mem::take(&mut transaction.operations);
                 transaction.body_bytes = 0;
@@ -707,15 +843,23 @@ impl Channel {
                 let result = self.apply_transaction(context, operations);
                 self.tx = transaction;
                 result?;
-                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+                );
             }
             tx::AMQPMethod::Rollback(_) => {
                 let Some(transaction) = self.tx.as_mut() else {
-                    return Err(AmqpError::precondition_failed("channel is not transactional"));
+                    return Err(AmqpError::precondition_failed(
+                        "channel is not transactional",
+                    ));
                 };
                 transaction.operations.clear();
                 transaction.body_bytes = 0;
-                self.reply(context, AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})));
+                self.reply(
+                    context,
+                    AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+                );
             }
             other => {
                 return Err(AmqpError::command_invalid(format!(
@@ -727,10 +871,16 @@ impl Channel {
         Ok(())
     }
 
-    fn apply_transaction(&mut self, context: &ConnectionContext, operations: Vec<TxOperation>) -> AmqpResult<()> {
+    fn apply_transaction(
+        &mut self,
+        context: &ConnectionContext,
+        operations: Vec<TxOperation>,
+    ) -> AmqpResult<()> {
         for operation in operations {
             match operation {
-                TxOperation::Publish(message, publish) => self.route_and_enqueue(context, message, &publish)?,
+                TxOperation::Publish(message, publish) => {
+                    self.route_and_enqueue(context, message, &publish)?
+                }
                 TxOperation::Settle {
                     delivery_tag,
                     multiple,
@@ -752,7 +902,9 @@ impl Channel {
         }
         for entry in &unacked {
             if let Some(consumer) = &entry.consumer {
-                consumer.unacked.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                consumer
+                    .unacked
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             }
         }
         requeue_by_queue(unacked);
@@ -777,7 +929,8 @@ fn settle_by_queue(acked: Vec<Unacked>) {
 
 /// Requeued messages, handed back per queue in their original order.
 fn requeue_by_queue(requeued: Vec<Unacked>) {
-    let mut by_queue: HashMap<*const Queue, (Arc<Queue>, Vec<sluice_core::queue::QueuedMessage>)> = HashMap::new();
+    let mut by_queue: HashMap<*const Queue, (Arc<Queue>, Vec<sluice_core::queue::QueuedMessage>)> =
+        HashMap::new();
     for entry in requeued {
         by_queue
             .entry(Arc::as_ptr(&entry.queue))

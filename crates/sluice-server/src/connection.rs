@@ -50,7 +50,13 @@ pub struct Connection {
 }
 
 /// Serves one accepted socket until it closes.
-pub async fn serve(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, settings: Arc<ServerSettings>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    broker: Arc<Broker>,
+    settings: Arc<ServerSettings>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
@@ -68,16 +74,22 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, set
     };
     let connection_id = broker.next_connection_id();
     tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
-    let heartbeat = (negotiated.heartbeat_secs > 0).then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
+    let heartbeat = (negotiated.heartbeat_secs > 0)
+        .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
     let outbox = Outbox::new();
     let consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>> = Arc::new(Mutex::new(Vec::new()));
     let resume_queues = Arc::clone(&consumer_queues);
-    let writer = tokio::spawn(Arc::clone(&outbox).run_writer(write_half, heartbeat, move || {
-        let queues: Vec<Arc<Queue>> = resume_queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        for queue in queues {
-            queue.dispatch();
-        }
-    }));
+    let writer = tokio::spawn(
+        Arc::clone(&outbox).run_writer(write_half, heartbeat, move || {
+            let queues: Vec<Arc<Queue>> = resume_queues
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone();
+            for queue in queues {
+                queue.dispatch();
+            }
+        }),
+    );
     let mut connection = Connection {
         context: ConnectionContext {
             connection_id,
@@ -111,7 +123,9 @@ impl Connection {
                 match reader.next_buffered() {
                     Ok(Some(frame)) => match self.handle_frame(frame) {
                         Flow::Continue => {}
-                        Flow::CloseWith(error, class_id, method_id) => self.start_close(&error, class_id, method_id),
+                        Flow::CloseWith(error, class_id, method_id) => {
+                            self.start_close(&error, class_id, method_id)
+                        }
                         Flow::Finished => return,
                     },
                     Ok(None) => break,
@@ -171,7 +185,9 @@ impl Connection {
     }
 
     fn send(&self, channel_id: u16, class: AMQPClass) {
-        self.context.outbox.append(|out| encode_control(out, channel_id, &class));
+        self.context
+            .outbox
+            .append(|out| encode_control(out, channel_id, &class));
     }
 
     /// Sends connection.close and stops handling anything but close-ok.
@@ -206,9 +222,18 @@ impl Connection {
             // After our connection.close only close-ok (or a crossing close) matters.
             if frame.frame_type == FrameType::Method && frame.channel == 0 {
                 match decode_method(&frame.payload) {
-                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)))) => return Flow::Finished,
-                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(_)))) => {
-                        self.send(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                    Ok(Method::Control(AMQPClass::Connection(
+                        connection::AMQPMethod::CloseOk(_),
+                    ))) => return Flow::Finished,
+                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(
+                        _,
+                    )))) => {
+                        self.send(
+                            0,
+                            AMQPClass::Connection(connection::AMQPMethod::CloseOk(
+                                connection::CloseOk {},
+                            )),
+                        );
                         return Flow::Finished;
                     }
                     _ => {}
@@ -220,7 +245,10 @@ impl Connection {
             FrameType::Heartbeat => {
                 if frame.channel != 0 {
                     return Flow::CloseWith(
-                        AmqpError::frame_error(format!("heartbeat frame on channel {}", frame.channel)),
+                        AmqpError::frame_error(format!(
+                            "heartbeat frame on channel {}",
+                            frame.channel
+                        )),
                         0,
                         0,
                     );
@@ -235,11 +263,29 @@ impl Connection {
     fn handle_method_frame(&mut self, frame: Frame) -> Flow {
         let method = match decode_method(&frame.payload) {
             Ok(method) => method,
-            Err(error @ MethodError::Unknown { class_id, method_id }) => {
-                return Flow::CloseWith(AmqpError::not_implemented(error.to_string()), class_id, method_id)
+            Err(
+                error @ MethodError::Unknown {
+                    class_id,
+                    method_id,
+                },
+            ) => {
+                return Flow::CloseWith(
+                    AmqpError::not_implemented(error.to_string()),
+                    class_id,
+                    method_id,
+                )
             }
-            Err(error @ MethodError::Malformed { class_id, method_id }) => {
-                return Flow::CloseWith(AmqpError::frame_error(error.to_string()), class_id, method_id)
+            Err(
+                error @ MethodError::Malformed {
+                    class_id,
+                    method_id,
+                },
+            ) => {
+                return Flow::CloseWith(
+                    AmqpError::frame_error(error.to_string()),
+                    class_id,
+                    method_id,
+                )
             }
             Err(error) => return Flow::CloseWith(AmqpError::frame_error(error.to_string()), 0, 0),
         };
@@ -253,7 +299,9 @@ impl Connection {
         }
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             return Flow::CloseWith(
-                AmqpError::channel_error(format!("expected 'channel.open' on channel {channel_id}")),
+                AmqpError::channel_error(format!(
+                    "expected 'channel.open' on channel {channel_id}"
+                )),
                 ids.0,
                 ids.1,
             );
@@ -264,7 +312,10 @@ impl Connection {
                     self.channels.remove(&channel_id);
                 }
                 Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(_))) => {
-                    self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                    self.send(
+                        channel_id,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    );
                     self.channels.remove(&channel_id);
                 }
                 _ => {} // dropped, as the specification asks, until close-ok
@@ -287,10 +338,17 @@ impl Connection {
             Method::Nack(nack) => channel.handle_nack(context, nack),
             Method::Reject(reject) => channel.handle_reject(context, reject),
             Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(close))) => {
-                tracing::debug!(channel_id, reply_code = close.reply_code, "client closed channel");
+                tracing::debug!(
+                    channel_id,
+                    reply_code = close.reply_code,
+                    "client closed channel"
+                );
                 channel.release(context);
                 self.channels.remove(&channel_id);
-                self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                self.send(
+                    channel_id,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
                 return Flow::Continue;
             }
             Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))) => Ok(()),
@@ -324,7 +382,9 @@ impl Connection {
         let channel_id = frame.channel;
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             return Flow::CloseWith(
-                AmqpError::channel_error(format!("expected 'channel.open' on channel {channel_id}")),
+                AmqpError::channel_error(format!(
+                    "expected 'channel.open' on channel {channel_id}"
+                )),
                 0,
                 0,
             );
@@ -347,7 +407,12 @@ impl Connection {
     }
 
     /// Soft errors close the channel; hard ones the whole connection.
-    fn channel_error(&mut self, channel_id: u16, error: AmqpError, (class_id, method_id): (u16, u16)) -> Flow {
+    fn channel_error(
+        &mut self,
+        channel_id: u16,
+        error: AmqpError,
+        (class_id, method_id): (u16, u16),
+    ) -> Flow {
         if error.code.is_hard_error() {
             return Flow::CloseWith(error, class_id, method_id);
         }
@@ -381,10 +446,18 @@ impl Connection {
             );
         }
         if self.channels.contains_key(&channel_id) {
-            return Flow::CloseWith(AmqpError::channel_error("second 'channel.open' seen"), 20, 10);
+            return Flow::CloseWith(
+                AmqpError::channel_error("second 'channel.open' seen"),
+                20,
+                10,
+            );
         }
-        self.channels.insert(channel_id, Channel::new(channel_id, &self.context));
-        self.send(channel_id, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
+        self.channels
+            .insert(channel_id, Channel::new(channel_id, &self.context));
+        self.send(
+            channel_id,
+            AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+        );
         Flow::Continue
     }
 
@@ -393,21 +466,30 @@ impl Connection {
             Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(close))) => {
                 tracing::debug!(peer = %self.peer, reply_code = close.reply_code, "client closed connection");
                 self.release_channels();
-                self.send(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
                 Flow::Finished
             }
-            Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => Flow::Finished,
+            Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => {
+                Flow::Finished
+            }
             Method::Control(AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(_))) => {
                 self.send(
                     0,
-                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(connection::UpdateSecretOk {})),
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
+                        connection::UpdateSecretOk {},
+                    )),
                 );
                 Flow::Continue
             }
             other => {
                 let (class_id, method_id) = method_ids(&other);
                 Flow::CloseWith(
-                    AmqpError::command_invalid(format!("method {class_id}.{method_id} is not valid on channel 0")),
+                    AmqpError::command_invalid(format!(
+                        "method {class_id}.{method_id} is not valid on channel 0"
+                    )),
                     class_id,
                     method_id,
                 )
@@ -441,7 +523,9 @@ impl Connection {
     /// The connection is gone: channels released, exclusive queues deleted.
     fn release(&mut self) {
         self.release_channels();
-        self.context.vhost.remove_exclusive_queues(self.context.connection_id);
+        self.context
+            .vhost
+            .remove_exclusive_queues(self.context.connection_id);
     }
 }
 

@@ -75,7 +75,9 @@ impl ChannelDeliveries {
     }
 
     fn lock(&self) -> MutexGuard<'_, DeliveryState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn set_channel_prefetch(&self, prefetch_count: u32) {
@@ -107,7 +109,13 @@ impl ChannelDeliveries {
     }
 
     /// Writes a basic.get-ok for `entry` and, unless no_ack, records it.
-    pub fn deliver_get(&self, queue: &Arc<Queue>, entry: QueuedMessage, message_count: u32, no_ack: bool) {
+    pub fn deliver_get(
+        &self,
+        queue: &Arc<Queue>,
+        entry: QueuedMessage,
+        message_count: u32,
+        no_ack: bool,
+    ) {
         let mut state = self.lock();
         let delivery_tag = state.next_delivery_tag;
         state.next_delivery_tag += 1;
@@ -122,7 +130,13 @@ impl ChannelDeliveries {
                 &message.routing_key,
                 message_count,
             );
-            encode_content(out, self.channel_id, &message.properties, &message.body, self.frame_max);
+            encode_content(
+                out,
+                self.channel_id,
+                &message.properties,
+                &message.body,
+                self.frame_max,
+            );
         });
         if !no_ack {
             state.unacked.push_back(Unacked {
@@ -137,13 +151,20 @@ impl ChannelDeliveries {
     /// Settles unacked messages for basic.ack (`requeue` None), basic.nack
     /// and basic.reject (`requeue` Some). `multiple` settles every message up
     /// to and including `delivery_tag`; tag 0 with multiple means all.
-    pub fn settle(&self, delivery_tag: u64, multiple: bool, requeue: Option<bool>) -> AmqpResult<Settled> {
+    pub fn settle(
+        &self,
+        delivery_tag: u64,
+        multiple: bool,
+        requeue: Option<bool>,
+    ) -> AmqpResult<Settled> {
         let mut state = self.lock();
         let taken: Vec<Unacked> = if multiple {
             let count = if delivery_tag == 0 {
                 state.unacked.len()
             } else {
-                state.unacked.partition_point(|unacked| unacked.delivery_tag <= delivery_tag)
+                state
+                    .unacked
+                    .partition_point(|unacked| unacked.delivery_tag <= delivery_tag)
             };
             if count == 0 && delivery_tag != 0 {
                 return Err(unknown_delivery_tag(delivery_tag));
@@ -177,9 +198,17 @@ fn unknown_delivery_tag(delivery_tag: u64) -> AmqpError {
 }
 
 impl DeliverySink for ChannelDeliveries {
-    fn deliver(&self, consumer: &Arc<Consumer>, queue: &Arc<Queue>, entry: QueuedMessage) -> Result<(), QueuedMessage> {
+    fn deliver(
+        &self,
+        consumer: &Arc<Consumer>,
+        queue: &Arc<Queue>,
+        entry: QueuedMessage,
+    ) -> Result<(), QueuedMessage> {
         let mut state = self.lock();
-        if state.closed || !state.flow_active || (!consumer.no_ack && !Self::channel_has_room(&state)) {
+        if state.closed
+            || !state.flow_active
+            || (!consumer.no_ack && !Self::channel_has_room(&state))
+        {
             return Err(entry);
         }
         let delivery_tag = state.next_delivery_tag;
@@ -194,7 +223,13 @@ impl DeliverySink for ChannelDeliveries {
                 &message.exchange,
                 &message.routing_key,
             );
-            encode_content(out, self.channel_id, &message.properties, &message.body, self.frame_max);
+            encode_content(
+                out,
+                self.channel_id,
+                &message.properties,
+                &message.body,
+                self.frame_max,
+            );
         });
         if !written {
             return Err(entry);
@@ -230,12 +265,14 @@ impl DeliverySink for ChannelDeliveries {
         if !self.cancel_notify {
             return;
         }
-        let cancel = amq_protocol::protocol::AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Cancel(
-            amq_protocol::protocol::basic::Cancel {
-                consumer_tag: consumer.tag.as_ref().into(),
-                nowait: true,
-            },
-        ));
+        let cancel = amq_protocol::protocol::AMQPClass::Basic(
+            amq_protocol::protocol::basic::AMQPMethod::Cancel(
+                amq_protocol::protocol::basic::Cancel {
+                    consumer_tag: consumer.tag.as_ref().into(),
+                    nowait: true,
+                },
+            ),
+        );
         self.outbox
             .append(|out| sluice_wire::encode::encode_control(out, self.channel_id, &cancel));
     }

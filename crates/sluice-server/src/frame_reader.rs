@@ -58,7 +58,10 @@ impl FrameReader {
     }
 
     /// Waits for the next frame.
-    pub async fn next_frame(&mut self, timeout: Option<Duration>) -> Result<Frame, HandshakeReadError> {
+    pub async fn next_frame(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<Frame, HandshakeReadError> {
         loop {
             if let Some(frame) = self.next_buffered()? {
                 return Ok(frame);
@@ -68,7 +71,11 @@ impl FrameReader {
     }
 
     /// Reads exactly `count` raw bytes (the protocol header).
-    pub async fn read_raw(&mut self, count: usize, timeout: Option<Duration>) -> Result<BytesMut, ReadError> {
+    pub async fn read_raw(
+        &mut self,
+        count: usize,
+        timeout: Option<Duration>,
+    ) -> Result<BytesMut, ReadError> {
         while self.buffer.len() < count {
             self.fill(timeout).await?;
         }

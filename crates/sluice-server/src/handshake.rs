@@ -78,13 +78,18 @@ fn server_properties(settings: &ServerSettings) -> FieldTable {
     properties.insert("platform".into(), text("Rust"));
     properties.insert("cluster_name".into(), text(&settings.cluster_name));
     properties.insert("copyright".into(), text("Copyright (c) the Sluice authors"));
-    properties.insert("information".into(), text("Licensed under the Apache License 2.0"));
+    properties.insert(
+        "information".into(),
+        text("Licensed under the Apache License 2.0"),
+    );
     properties
 }
 
 fn string_value(value: Option<&AMQPValue>) -> Option<String> {
     match value? {
-        AMQPValue::LongString(value) => Some(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        AMQPValue::LongString(value) => {
+            Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+        }
         AMQPValue::ShortString(value) => Some(value.as_str().to_owned()),
         _ => None,
     }
@@ -97,7 +102,8 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
             // authzid NUL authcid NUL password
             let mut parts = response.split(|byte| *byte == 0);
             let _authorization = parts.next();
-            let (Some(user), Some(password), None) = (parts.next(), parts.next(), parts.next()) else {
+            let (Some(user), Some(password), None) = (parts.next(), parts.next(), parts.next())
+            else {
                 return Err(AmqpError::access_refused(
                     "Login was refused using authentication mechanism PLAIN. For details see the broker logfile.",
                 ));
@@ -117,7 +123,8 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
                     "Login was refused using authentication mechanism AMQPLAIN. For details see the broker logfile.",
                 )
             };
-            let (_, fields) = amq_protocol::types::parsing::parse_field_table(&table[..]).map_err(|_| refused())?;
+            let (_, fields) = amq_protocol::types::parsing::parse_field_table(&table[..])
+                .map_err(|_| refused())?;
             let user = string_value(fields.inner().get("LOGIN")).ok_or_else(refused)?;
             let password = string_value(fields.inner().get("PASSWORD")).ok_or_else(refused)?;
             Ok((user, password))
@@ -129,10 +136,16 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
 }
 
 fn capabilities_of(client_properties: &FieldTable) -> ClientCapabilities {
-    let Some(AMQPValue::FieldTable(capabilities)) = client_properties.inner().get("capabilities") else {
+    let Some(AMQPValue::FieldTable(capabilities)) = client_properties.inner().get("capabilities")
+    else {
         return ClientCapabilities::default();
     };
-    let flag = |name: &str| matches!(capabilities.inner().get(name), Some(AMQPValue::Boolean(true)));
+    let flag = |name: &str| {
+        matches!(
+            capabilities.inner().get(name),
+            Some(AMQPValue::Boolean(true))
+        )
+    };
     ClientCapabilities {
         consumer_cancel_notify: flag("consumer_cancel_notify"),
         authentication_failure_close: flag("authentication_failure_close"),
@@ -160,7 +173,11 @@ async fn expect_connection_method(
     match decode_method(&frame.payload) {
         Ok(Method::Control(AMQPClass::Connection(method))) => Ok(method),
         Ok(_) => Err(unexpected("a method of another class")),
-        Err(error) => Err(HandshakeError::Refused(AmqpError::frame_error(error.to_string()), 10, 0)),
+        Err(error) => Err(HandshakeError::Refused(
+            AmqpError::frame_error(error.to_string()),
+            10,
+            0,
+        )),
     }
 }
 
@@ -174,7 +191,10 @@ pub async fn handshake(
     settings: &ServerSettings,
 ) -> Result<Negotiated, HandshakeError> {
     let timeout = settings.handshake_timeout;
-    let header = reader.read_raw(PROTOCOL_HEADER.len(), Some(timeout)).await.map_err(HandshakeReadError::from)?;
+    let header = reader
+        .read_raw(PROTOCOL_HEADER.len(), Some(timeout))
+        .await
+        .map_err(HandshakeReadError::from)?;
     if header[..] != PROTOCOL_HEADER[..] {
         // The specification's answer to a header we do not speak: our own
         // header, then close.
@@ -193,7 +213,9 @@ pub async fn handshake(
     )
     .await?;
 
-    let connection::AMQPMethod::StartOk(start_ok) = expect_connection_method(reader, timeout, "connection.start-ok").await? else {
+    let connection::AMQPMethod::StartOk(start_ok) =
+        expect_connection_method(reader, timeout, "connection.start-ok").await?
+    else {
         return Err(HandshakeError::Refused(
             AmqpError::command_invalid("expected 'connection.start-ok'"),
             10,
@@ -201,8 +223,8 @@ pub async fn handshake(
         ));
     };
     let mechanism = start_ok.mechanism.as_str().to_owned();
-    let (user, password) =
-        credentials(&mechanism, start_ok.response.as_bytes()).map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+    let (user, password) = credentials(&mechanism, start_ok.response.as_bytes())
+        .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
     if let Err(reason) = broker.login(&user, &password, peer.ip()) {
         tracing::warn!(%peer, %reason, "login refused");
         return Err(HandshakeError::Refused(
@@ -224,14 +246,20 @@ pub async fn handshake(
         })),
     )
     .await?;
-    let connection::AMQPMethod::TuneOk(tune_ok) = expect_connection_method(reader, timeout, "connection.tune-ok").await? else {
+    let connection::AMQPMethod::TuneOk(tune_ok) =
+        expect_connection_method(reader, timeout, "connection.tune-ok").await?
+    else {
         return Err(HandshakeError::Refused(
             AmqpError::command_invalid("expected 'connection.tune-ok'"),
             10,
             31,
         ));
     };
-    let frame_max = if tune_ok.frame_max == 0 { settings.frame_max } else { tune_ok.frame_max };
+    let frame_max = if tune_ok.frame_max == 0 {
+        settings.frame_max
+    } else {
+        tune_ok.frame_max
+    };
     if frame_max < FRAME_MIN_SIZE {
         return Err(HandshakeError::Refused(
             AmqpError::not_allowed(format!("frame_max={frame_max} < {FRAME_MIN_SIZE} min size")),
@@ -241,7 +269,10 @@ pub async fn handshake(
     }
     if frame_max > settings.frame_max {
         return Err(HandshakeError::Refused(
-            AmqpError::not_allowed(format!("frame_max={frame_max} > {} max size", settings.frame_max)),
+            AmqpError::not_allowed(format!(
+                "frame_max={frame_max} > {} max size",
+                settings.frame_max
+            )),
             10,
             31,
         ));
@@ -252,7 +283,9 @@ pub async fn handshake(
     };
     reader.frame_max = frame_max;
 
-    let connection::AMQPMethod::Open(open) = expect_connection_method(reader, timeout, "connection.open").await? else {
+    let connection::AMQPMethod::Open(open) =
+        expect_connection_method(reader, timeout, "connection.open").await?
+    else {
         return Err(HandshakeError::Refused(
             AmqpError::command_invalid("expected 'connection.open'"),
             10,
@@ -267,7 +300,11 @@ pub async fn handshake(
             40,
         ));
     };
-    send(writer, AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {}))).await?;
+    send(
+        writer,
+        AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+    )
+    .await?;
     Ok(Negotiated {
         frame_max,
         channel_max,
@@ -281,7 +318,13 @@ pub async fn handshake(
 
 /// Sends connection.close for a refused handshake and gives the client a
 /// moment to read it before the socket closes.
-pub async fn refuse(reader: &mut FrameReader, writer: &mut OwnedWriteHalf, error: &AmqpError, class_id: u16, method_id: u16) {
+pub async fn refuse(
+    reader: &mut FrameReader,
+    writer: &mut OwnedWriteHalf,
+    error: &AmqpError,
+    class_id: u16,
+    method_id: u16,
+) {
     let close = AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
         reply_code: error.code.code(),
         reply_text: error.reply_text().as_str().into(),
@@ -293,7 +336,9 @@ pub async fn refuse(reader: &mut FrameReader, writer: &mut OwnedWriteHalf, error
     }
     // Wait briefly for close-ok; whatever arrives, we close afterwards.
     let _ = reader
-        .next_frame(Some(Duration::from_millis(crate::limits::CLOSE_OK_TIMEOUT_MS)))
+        .next_frame(Some(Duration::from_millis(
+            crate::limits::CLOSE_OK_TIMEOUT_MS,
+        )))
         .await;
     let _ = writer.shutdown().await;
     let _ = ReplyCode::ConnectionForced;
@@ -326,6 +371,9 @@ mod tests {
             credentials("AMQPLAIN", &response).unwrap(),
             ("guest".to_owned(), "pwd".to_owned())
         );
-        assert_eq!(credentials("EXTERNAL", b"").unwrap_err().code, ReplyCode::CommandInvalid);
+        assert_eq!(
+            credentials("EXTERNAL", b"").unwrap_err().code,
+            ReplyCode::CommandInvalid
+        );
     }
 }

@@ -46,7 +46,9 @@ impl Outbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, BytesMut> {
-        self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.buffer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Appends frames written by `write` and wakes the writer.
@@ -87,7 +89,8 @@ impl Outbox {
     pub async fn wait_below_reader_pause(&self) {
         loop {
             let drained = self.drained.notified();
-            if self.lock().len() < OUTBOX_READER_PAUSE_BYTES || self.broken.load(Ordering::Acquire) {
+            if self.lock().len() < OUTBOX_READER_PAUSE_BYTES || self.broken.load(Ordering::Acquire)
+            {
                 return;
             }
             drained.await;

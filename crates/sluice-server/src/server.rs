@@ -46,10 +46,12 @@ impl RunningServer {
 
 /// Binds the listener and starts accepting in the background.
 pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
-    let listener = TcpListener::bind(config.listen).await.map_err(|source| ServerError::Bind {
-        address: config.listen,
-        source,
-    })?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            address: config.listen,
+            source,
+        })?;
     let local_address = listener.local_addr().map_err(|source| ServerError::Bind {
         address: config.listen,
         source,
@@ -63,7 +65,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
-    let task = tokio::spawn(accept_loop(listener, Arc::clone(&broker), settings, shutdown_receiver));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        Arc::clone(&broker),
+        settings,
+        shutdown_receiver,
+    ));
     Ok(RunningServer {
         local_address,
         broker,
@@ -110,7 +117,10 @@ async fn accept_loop(
 }
 
 /// Runs the broker until `shutdown` resolves.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let server = start(config).await?;
     shutdown.await;
     tracing::info!("shutting down");

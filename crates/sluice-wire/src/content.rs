@@ -96,7 +96,8 @@ impl RawProperties {
         }
         // Everything after the fields we index is checked by the full parser;
         // a header with only the common fields never pays for it.
-        let needs_full_check = flags & !(flag::CONTENT_TYPE | flag::DELIVERY_MODE | flag::PRIORITY) != 0;
+        let needs_full_check =
+            flags & !(flag::CONTENT_TYPE | flag::DELIVERY_MODE | flag::PRIORITY) != 0;
         let mut cursor = bytes.slice(2..);
         let malformed = || ContentError::MalformedProperties;
         if flags & flag::CONTENT_TYPE != 0 {
@@ -136,7 +137,7 @@ impl RawProperties {
         }
         if needs_full_check {
             match parse_properties(&bytes[..]) {
-                Ok((rest, _)) if rest.is_empty() => {}
+                Ok(([], _)) => {}
                 _ => return Err(ContentError::MalformedProperties),
             }
         } else if !cursor.is_empty() {
@@ -261,7 +262,10 @@ mod tests {
         // Only content-type and delivery-mode: the fast path, which once
         // accepted bytes that `decode` (and clients) then refused.
         let bytes = Bytes::from_static(&[0x90, 0, 1, 0xff, 2]);
-        assert_eq!(RawProperties::new(bytes), Err(ContentError::MalformedProperties));
+        assert_eq!(
+            RawProperties::new(bytes),
+            Err(ContentError::MalformedProperties)
+        );
         let raw = RawProperties::new(Bytes::from_static(&[0x90, 0, 2, b'o', b'k', 2])).unwrap();
         assert!(raw.decode().is_ok());
     }
@@ -273,11 +277,19 @@ mod tests {
         for depth in [crate::field_table::FIELD_TABLE_DEPTH_MAX + 1, 20_000] {
             let mut bytes = vec![0x20, 0];
             bytes.extend(crate::field_table::tests::nested_table(depth));
-            assert_eq!(RawProperties::new(Bytes::from(bytes)), Err(ContentError::MalformedProperties));
+            assert_eq!(
+                RawProperties::new(Bytes::from(bytes)),
+                Err(ContentError::MalformedProperties)
+            );
         }
         let mut bytes = vec![0x20, 0];
-        bytes.extend(crate::field_table::tests::nested_table(crate::field_table::FIELD_TABLE_DEPTH_MAX));
-        assert!(RawProperties::new(Bytes::from(bytes)).unwrap().decode().is_ok());
+        bytes.extend(crate::field_table::tests::nested_table(
+            crate::field_table::FIELD_TABLE_DEPTH_MAX,
+        ));
+        assert!(RawProperties::new(Bytes::from(bytes))
+            .unwrap()
+            .decode()
+            .is_ok());
     }
 
     #[test]

@@ -57,7 +57,13 @@ pub fn encode_heartbeat(out: &mut BytesMut) {
 
 /// Writes the content header and body frames of a message, splitting the
 /// body so that no frame exceeds `frame_max`.
-pub fn encode_content(out: &mut BytesMut, channel: u16, properties: &RawProperties, body: &[u8], frame_max: u32) {
+pub fn encode_content(
+    out: &mut BytesMut,
+    channel: u16,
+    properties: &RawProperties,
+    body: &[u8],
+    frame_max: u32,
+) {
     let size_at = start_frame(out, FrameType::Header, channel);
     out.put_u16(CLASS_BASIC);
     out.put_u16(0); // weight, unused
@@ -79,7 +85,11 @@ pub fn encode_content(out: &mut BytesMut, channel: u16, properties: &RawProperti
 /// accounting output buffers before writing.
 pub fn content_frames_size(properties: &RawProperties, body_size: usize, frame_max: u32) -> usize {
     let chunk_max = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
-    FRAME_OVERHEAD + 12 + properties.as_bytes().len() + body_size + body_size.div_ceil(chunk_max) * FRAME_OVERHEAD
+    FRAME_OVERHEAD
+        + 12
+        + properties.as_bytes().len()
+        + body_size
+        + body_size.div_ceil(chunk_max) * FRAME_OVERHEAD
 }
 
 /// Writes basic.deliver (the content follows with [`encode_content`]).
@@ -125,7 +135,14 @@ pub fn encode_get_ok(
 }
 
 /// Writes basic.return (the content follows with [`encode_content`]).
-pub fn encode_return(out: &mut BytesMut, channel: u16, reply_code: u16, reply_text: &str, exchange: &[u8], routing_key: &[u8]) {
+pub fn encode_return(
+    out: &mut BytesMut,
+    channel: u16,
+    reply_code: u16,
+    reply_text: &str,
+    exchange: &[u8],
+    routing_key: &[u8],
+) {
     let size_at = start_frame(out, FrameType::Method, channel);
     out.put_u16(CLASS_BASIC);
     out.put_u16(METHOD_BASIC_RETURN);
@@ -138,7 +155,13 @@ pub fn encode_return(out: &mut BytesMut, channel: u16, reply_code: u16, reply_te
 
 /// Writes a publisher confirm: basic.ack, or basic.nack when the broker could
 /// not take responsibility for the message.
-pub fn encode_confirm(out: &mut BytesMut, channel: u16, delivery_tag: u64, multiple: bool, positive: bool) {
+pub fn encode_confirm(
+    out: &mut BytesMut,
+    channel: u16,
+    delivery_tag: u64,
+    multiple: bool,
+    positive: bool,
+) {
     let size_at = start_frame(out, FrameType::Method, channel);
     out.put_u16(CLASS_BASIC);
     if positive {
@@ -217,38 +240,70 @@ mod tests {
         let (_, frame) = parse_frame(&out[..]).unwrap();
         assert!(matches!(
             frame,
-            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk { message_count: 9, delivery_tag: 5, .. })))
+            AMQPFrame::Method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
+                    message_count: 9,
+                    delivery_tag: 5,
+                    ..
+                }))
+            )
         ));
         let mut out = BytesMut::new();
         encode_return(&mut out, 1, 312, "NO_ROUTE", b"amq.direct", b"nowhere");
         let (_, frame) = parse_frame(&out[..]).unwrap();
         assert!(matches!(
             frame,
-            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return { reply_code: 312, .. })))
+            AMQPFrame::Method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
+                    reply_code: 312,
+                    ..
+                }))
+            )
         ));
         let mut out = BytesMut::new();
         encode_confirm(&mut out, 2, 10, true, false);
         let (_, frame) = parse_frame(&out[..]).unwrap();
         assert!(matches!(
             frame,
-            AMQPFrame::Method(2, AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack { delivery_tag: 10, multiple: true, .. })))
+            AMQPFrame::Method(
+                2,
+                AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                    delivery_tag: 10,
+                    multiple: true,
+                    ..
+                }))
+            )
         ));
     }
 
     #[test]
     fn encode_content_splits_body_at_frame_max() {
-        let properties = RawProperties::from_properties(&basic::AMQPProperties::default().with_delivery_mode(2));
+        let properties =
+            RawProperties::from_properties(&basic::AMQPProperties::default().with_delivery_mode(2));
         let body = vec![7u8; 10_000];
         let mut out = BytesMut::new();
         encode_content(&mut out, 1, &properties, &body, 4096);
-        assert_eq!(out.len(), content_frames_size(&properties, body.len(), 4096));
+        assert_eq!(
+            out.len(),
+            content_frames_size(&properties, body.len(), 4096)
+        );
         let frames = frames(out);
         assert_eq!(frames.len(), 1 + 3);
         let header = decode_content_header(&frames[0].payload).unwrap();
         assert_eq!(header.body_size, 10_000);
         assert!(header.properties.is_persistent());
-        assert!(frames[1..].iter().all(|frame| frame.payload.len() + FRAME_OVERHEAD <= 4096));
-        let joined = join_body(frames[1..].iter().map(|frame| frame.payload.clone()).collect(), 10_000);
+        assert!(frames[1..]
+            .iter()
+            .all(|frame| frame.payload.len() + FRAME_OVERHEAD <= 4096));
+        let joined = join_body(
+            frames[1..]
+                .iter()
+                .map(|frame| frame.payload.clone())
+                .collect(),
+            10_000,
+        );
         assert_eq!(&joined[..], &body[..]);
     }
 

@@ -114,11 +114,25 @@ fn table_layout(class_id: u16, method_id: u16) -> &'static [Argument] {
         (40, 10) => &[Octets(2), ShortString, ShortString, Octets(1), Table],
         // exchange.bind and exchange.unbind: reserved, destination, source,
         // routing-key, bits, arguments.
-        (40, 30) | (40, 40) => &[Octets(2), ShortString, ShortString, ShortString, Octets(1), Table],
+        (40, 30) | (40, 40) => &[
+            Octets(2),
+            ShortString,
+            ShortString,
+            ShortString,
+            Octets(1),
+            Table,
+        ],
         // queue.declare: reserved, queue, bits, arguments.
         (50, 10) => &[Octets(2), ShortString, Octets(1), Table],
         // queue.bind: reserved, queue, exchange, routing-key, bits, arguments.
-        (50, 20) => &[Octets(2), ShortString, ShortString, ShortString, Octets(1), Table],
+        (50, 20) => &[
+            Octets(2),
+            ShortString,
+            ShortString,
+            ShortString,
+            Octets(1),
+            Table,
+        ],
         // queue.unbind: as queue.bind, without bits.
         (50, 50) => &[Octets(2), ShortString, ShortString, ShortString, Table],
         // basic.consume: reserved, queue, consumer-tag, bits, arguments.
@@ -137,7 +151,10 @@ pub(crate) fn method_tables_within_limit(class_id: u16, method_id: u16, argument
                 Some(rest) => rest,
                 None => return true,
             },
-            Argument::ShortString => match rest.first().and_then(|length| rest.get(1 + *length as usize..)) {
+            Argument::ShortString => match rest
+                .first()
+                .and_then(|length| rest.get(1 + *length as usize..))
+            {
                 Some(rest) => rest,
                 None => return true,
             },
@@ -182,7 +199,9 @@ pub(crate) mod tests {
 
     #[test]
     fn field_table_walks_every_value_type() {
-        use amq_protocol::types::{generation::gen_field_table, AMQPValue, DecimalValue, FieldArray, FieldTable};
+        use amq_protocol::types::{
+            generation::gen_field_table, AMQPValue, DecimalValue, FieldArray, FieldTable,
+        };
         let mut inner = FieldTable::default();
         inner.insert("x".into(), AMQPValue::LongString("y".into()));
         let mut table = FieldTable::default();
@@ -196,13 +215,19 @@ pub(crate) mod tests {
         table.insert("l".into(), AMQPValue::LongLongInt(-4));
         table.insert("f".into(), AMQPValue::Float(1.5));
         table.insert("d".into(), AMQPValue::Double(2.5));
-        table.insert("D".into(), AMQPValue::DecimalValue(DecimalValue { scale: 1, value: 5 }));
+        table.insert(
+            "D".into(),
+            AMQPValue::DecimalValue(DecimalValue { scale: 1, value: 5 }),
+        );
         table.insert("S".into(), AMQPValue::LongString("long".into()));
         table.insert("T".into(), AMQPValue::Timestamp(6));
         table.insert("x".into(), AMQPValue::ByteArray(vec![1, 2, 3].into()));
         table.insert("V".into(), AMQPValue::Void);
         table.insert("F".into(), AMQPValue::FieldTable(inner.clone()));
-        table.insert("A".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(inner)])));
+        table.insert(
+            "A".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(inner)])),
+        );
         let mut bytes = cookie_factory::gen_simple(gen_field_table(&table), Vec::new()).unwrap();
         bytes.extend_from_slice(b"rest");
         assert_eq!(check_table(&bytes), Some(&b"rest"[..]));

@@ -67,7 +67,8 @@ pub fn split_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Frame
         return Ok(None);
     }
     let type_octet = buffer[0];
-    let frame_type = FrameType::from_octet(type_octet).ok_or(FrameError::UnknownType(type_octet))?;
+    let frame_type =
+        FrameType::from_octet(type_octet).ok_or(FrameError::UnknownType(type_octet))?;
     let channel = u16::from_be_bytes([buffer[1], buffer[2]]);
     let payload_size = u32::from_be_bytes([buffer[3], buffer[4], buffer[5], buffer[6]]) as usize;
     let frame_size = payload_size as u64 + FRAME_OVERHEAD as u64;
@@ -134,19 +135,34 @@ mod tests {
         let mut bytes = frame_bytes(8, 0, b"", FRAME_END);
         bytes.extend(frame_bytes(1, 1, b"abc", FRAME_END));
         let mut buffer = BytesMut::from(&bytes[..]);
-        assert_eq!(split_frame(&mut buffer, 4096).unwrap().unwrap().frame_type, FrameType::Heartbeat);
-        assert_eq!(&split_frame(&mut buffer, 4096).unwrap().unwrap().payload[..], b"abc");
+        assert_eq!(
+            split_frame(&mut buffer, 4096).unwrap().unwrap().frame_type,
+            FrameType::Heartbeat
+        );
+        assert_eq!(
+            &split_frame(&mut buffer, 4096).unwrap().unwrap().payload[..],
+            b"abc"
+        );
         assert!(split_frame(&mut buffer, 4096).unwrap().is_none());
     }
 
     #[test]
     fn frame_split_rejects_bad_end_type_and_size() {
         let mut buffer = BytesMut::from(&frame_bytes(1, 1, b"abc", 0x00)[..]);
-        assert_eq!(split_frame(&mut buffer, 4096), Err(FrameError::BadFrameEnd(0)));
+        assert_eq!(
+            split_frame(&mut buffer, 4096),
+            Err(FrameError::BadFrameEnd(0))
+        );
         let mut buffer = BytesMut::from(&frame_bytes(9, 1, b"abc", FRAME_END)[..]);
-        assert_eq!(split_frame(&mut buffer, 4096), Err(FrameError::UnknownType(9)));
+        assert_eq!(
+            split_frame(&mut buffer, 4096),
+            Err(FrameError::UnknownType(9))
+        );
         let mut buffer = BytesMut::from(&[1u8, 0, 1, 0xff, 0xff, 0xff, 0xff][..]);
-        assert!(matches!(split_frame(&mut buffer, 4096), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            split_frame(&mut buffer, 4096),
+            Err(FrameError::TooLarge { .. })
+        ));
         // A payload of exactly frame_max - 8 fits; one more byte does not.
         let mut buffer = BytesMut::from(&frame_bytes(3, 1, &[0u8; 4088], FRAME_END)[..]);
         assert!(split_frame(&mut buffer, 4096).unwrap().is_some());

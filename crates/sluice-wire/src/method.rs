@@ -89,12 +89,14 @@ pub fn decode_method(payload: &Bytes) -> Result<Method, MethodError> {
                     multiple: bits & 1 != 0,
                 })
             }),
-            METHOD_BASIC_REJECT => decode_tag_and_bits(&mut arguments).map(|(delivery_tag, bits)| {
-                Method::Reject(Reject {
-                    delivery_tag,
-                    requeue: bits & 1 != 0,
+            METHOD_BASIC_REJECT => {
+                decode_tag_and_bits(&mut arguments).map(|(delivery_tag, bits)| {
+                    Method::Reject(Reject {
+                        delivery_tag,
+                        requeue: bits & 1 != 0,
+                    })
                 })
-            }),
+            }
             METHOD_BASIC_NACK => decode_tag_and_bits(&mut arguments).map(|(delivery_tag, bits)| {
                 Method::Nack(Nack {
                     delivery_tag,
@@ -168,14 +170,33 @@ fn decode_tag_and_bits(arguments: &mut Bytes) -> Option<(u64, u8)> {
 /// a known method with bad arguments is told apart from an unknown one.
 fn is_known(class_id: u16, method_id: u16) -> bool {
     match class_id {
-        10 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51 | 60 | 61 | 70 | 71),
+        10 => matches!(
+            method_id,
+            10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51 | 60 | 61 | 70 | 71
+        ),
         20 => matches!(method_id, 10 | 11 | 20 | 21 | 40 | 41),
         30 => matches!(method_id, 10 | 11),
         40 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 51),
         50 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51),
         60 => matches!(
             method_id,
-            10 | 11 | 20 | 21 | 30 | 31 | 40 | 50 | 60 | 70 | 71 | 72 | 80 | 90 | 100 | 110 | 111 | 120
+            10 | 11
+                | 20
+                | 21
+                | 30
+                | 31
+                | 40
+                | 50
+                | 60
+                | 70
+                | 71
+                | 72
+                | 80
+                | 90
+                | 100
+                | 110
+                | 111
+                | 120
         ),
         85 => matches!(method_id, 10 | 11),
         90 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31),
@@ -243,10 +264,12 @@ mod tests {
                 multiple: false
             })
         );
-        let payload = method_payload(&AMQPClass::Basic(basic::AMQPMethod::Reject(basic::Reject {
-            delivery_tag: 9,
-            requeue: true,
-        })));
+        let payload = method_payload(&AMQPClass::Basic(basic::AMQPMethod::Reject(
+            basic::Reject {
+                delivery_tag: 9,
+                requeue: true,
+            },
+        )));
         assert_eq!(
             decode_method(&payload).unwrap(),
             Method::Reject(Reject {
@@ -267,7 +290,10 @@ mod tests {
             nowait: false,
             arguments: Default::default(),
         }));
-        assert_eq!(decode_method(&method_payload(&class)).unwrap(), Method::Control(class));
+        assert_eq!(
+            decode_method(&method_payload(&class)).unwrap(),
+            Method::Control(class)
+        );
     }
 
     #[test]
@@ -280,7 +306,10 @@ mod tests {
             payload.extend(nested_table(depth));
             Bytes::from(payload)
         };
-        assert!(matches!(decode_method(&declare(FIELD_TABLE_DEPTH_MAX)), Ok(Method::Control(_))));
+        assert!(matches!(
+            decode_method(&declare(FIELD_TABLE_DEPTH_MAX)),
+            Ok(Method::Control(_))
+        ));
         for depth in [FIELD_TABLE_DEPTH_MAX + 1, 20_000] {
             assert_eq!(
                 decode_method(&declare(depth)),
@@ -293,12 +322,18 @@ mod tests {
         // connection.start-ok, whose client-properties table comes first.
         let mut payload = vec![0, 10, 0, 11];
         payload.extend(nested_table(20_000));
-        assert!(matches!(decode_method(&Bytes::from(payload)), Err(MethodError::Malformed { .. })));
+        assert!(matches!(
+            decode_method(&Bytes::from(payload)),
+            Err(MethodError::Malformed { .. })
+        ));
     }
 
     #[test]
     fn method_errors_tell_malformed_from_unknown() {
-        assert_eq!(decode_method(&Bytes::from_static(&[0, 60])), Err(MethodError::Truncated(2)));
+        assert_eq!(
+            decode_method(&Bytes::from_static(&[0, 60])),
+            Err(MethodError::Truncated(2))
+        );
         assert!(matches!(
             decode_method(&Bytes::from_static(&[0, 60, 0, 40, 0, 0, 5, b'a'])),
             Err(MethodError::Malformed { .. })
