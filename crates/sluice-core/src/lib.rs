@@ -4,6 +4,7 @@
 //! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: a classic queue, dispatching to consumers inline.
+//! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
 //! - [`arguments`]: declaration arguments, their equivalence and printing.
@@ -16,4 +17,5 @@ pub mod error;
 pub mod exchange;
 pub mod message;
 pub mod queue;
+pub mod queue_limits;
 pub mod vhost;

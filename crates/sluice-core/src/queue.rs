@@ -15,6 +15,7 @@ use amq_protocol::types::FieldTable;
 use crate::consumer::{ConnectionId, Consumer};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
+use crate::queue_limits::{Overflow, QueueLimits};
 
 /// A message in a queue, or out with a consumer. `offset` orders messages
 /// within their queue: requeued messages go back to where they were.
@@ -34,10 +35,20 @@ pub struct QueueOptions {
     pub arguments: FieldTable,
 }
 
+/// What became of a message offered to a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublishOutcome {
+    Enqueued,
+    /// The queue is full and its overflow is reject-publish: publishers
+    /// with confirms get a nack.
+    Rejected,
+}
+
 pub struct Queue {
     pub name: Arc<str>,
     pub vhost: Arc<str>,
     pub options: QueueOptions,
+    pub limits: QueueLimits,
     state: Mutex<QueueState>,
     deleted: AtomicBool,
 }
@@ -67,11 +78,17 @@ pub struct ConsumerRemoved {
 }
 
 impl Queue {
-    pub fn new(name: Arc<str>, vhost: Arc<str>, options: QueueOptions) -> Self {
+    pub fn new(
+        name: Arc<str>,
+        vhost: Arc<str>,
+        options: QueueOptions,
+        limits: QueueLimits,
+    ) -> Self {
         Queue {
             name,
             vhost,
             options,
+            limits,
             state: Mutex::new(QueueState::default()),
             deleted: AtomicBool::new(false),
         }
@@ -105,10 +122,18 @@ impl Queue {
     }
 
     /// Appends a message and delivers what consumers can take.
-    pub fn publish(self: &Arc<Self>, message: Arc<Message>) {
+    pub fn publish(self: &Arc<Self>, message: Arc<Message>) -> PublishOutcome {
         let mut state = self.lock();
         if self.is_deleted() {
-            return; // routed to a queue being deleted: lost with it, as in RabbitMQ
+            // Routed to a queue being deleted: lost with it, as in RabbitMQ.
+            return PublishOutcome::Enqueued;
+        }
+        if self.limits.is_limited() && self.limits.overflow != Overflow::DropHead {
+            let length_after = state.ready.len() as u64 + 1;
+            let bytes_after = state.ready_bytes + message.body_size() as u64;
+            if self.limits.exceeded(length_after, bytes_after) {
+                return PublishOutcome::Rejected;
+            }
         }
         let offset = state.next_offset;
         state.next_offset += 1;
@@ -119,6 +144,23 @@ impl Queue {
             redelivered: false,
         });
         self.dispatch_locked(&mut state);
+        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
+            self.drop_head_over_limits(&mut state);
+        }
+        PublishOutcome::Enqueued
+    }
+
+    /// Drops the oldest ready messages until the queue is within its limits.
+    fn drop_head_over_limits(&self, state: &mut QueueState) {
+        while self
+            .limits
+            .exceeded(state.ready.len() as u64, state.ready_bytes)
+        {
+            let Some(dropped) = state.ready.pop_front() else {
+                break;
+            };
+            state.ready_bytes -= dropped.message.body_size() as u64;
+        }
     }
 
     /// Delivers ready messages to consumers with room. Sinks call this after

@@ -14,6 +14,7 @@ use crate::consumer::{ConnectionId, Consumer};
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
 use crate::queue::{Queue, QueueOptions};
+use crate::queue_limits::QueueLimits;
 
 /// Exchange-to-exchange bindings may form cycles; the routing walk visits each
 /// exchange once, and stops at this depth so a pathological chain costs a
@@ -335,10 +336,9 @@ impl VirtualHost {
                 declaration.name
             )));
         }
-        check_queue_type(
-            &declaration.arguments,
-            &self.describe_queue(declaration.name),
-        )?;
+        let what = self.describe_queue(declaration.name);
+        check_queue_type(&declaration.arguments, &what)?;
+        let limits = QueueLimits::from_arguments(&declaration.arguments, &what)?;
         let mut queues = write(&self.queues);
         if !declaration.name.is_empty() {
             if let Some(existing) = queues.get(declaration.name) {
@@ -392,6 +392,7 @@ impl VirtualHost {
             Arc::clone(&name),
             Arc::clone(&self.name),
             options,
+            limits,
         ));
         queues.insert(name, Arc::clone(&queue));
         Ok((queue, true))

@@ -13,7 +13,7 @@ use sluice_core::consumer::Consumer;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
-use sluice_core::queue::Queue;
+use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::{
@@ -307,14 +307,28 @@ impl Channel {
                     );
                 });
             }
-        } else {
-            for queue in self.route_queues.drain(..) {
-                queue.publish(Arc::clone(&message));
-            }
         }
-        if let Some(confirms) = self.confirms.as_mut() {
-            confirms.next_sequence += 1;
-            confirms.confirmed_through = confirms.next_sequence;
+        let mut rejected = false;
+        for queue in self.route_queues.drain(..) {
+            rejected |= queue.publish(Arc::clone(&message)) == PublishOutcome::Rejected;
+        }
+        if self.confirms.is_some() {
+            if rejected {
+                // Acks for earlier publishes go out first, so that a multiple
+                // ack never covers this nack.
+                self.flush_confirms(context);
+            }
+            if let Some(confirms) = self.confirms.as_mut() {
+                confirms.next_sequence += 1;
+                confirms.confirmed_through = confirms.next_sequence;
+                if rejected {
+                    confirms.sent_through = confirms.next_sequence;
+                    let sequence = confirms.next_sequence;
+                    context
+                        .outbox
+                        .append(|out| encode_confirm(out, self.id, sequence, false, false));
+                }
+            }
         }
         Ok(())
     }
