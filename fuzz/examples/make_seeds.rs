@@ -28,12 +28,18 @@ fn arguments() -> FieldTable {
     nested.insert("level".into(), AMQPValue::LongLongInt(2));
     let mut table = FieldTable::default();
     table.insert("x-max-length".into(), AMQPValue::LongInt(1000));
-    table.insert("x-queue-type".into(), AMQPValue::LongString("classic".into()));
+    table.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("classic".into()),
+    );
     table.insert("x-message-ttl".into(), AMQPValue::LongLongInt(60_000));
     table.insert("nested".into(), AMQPValue::FieldTable(nested.clone()));
     table.insert(
         "list".into(),
-        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true), AMQPValue::FieldTable(nested)])),
+        AMQPValue::FieldArray(FieldArray::from(vec![
+            AMQPValue::Boolean(true),
+            AMQPValue::FieldTable(nested),
+        ])),
     );
     table
 }
@@ -56,7 +62,13 @@ fn full_properties() -> AMQPProperties {
         .with_cluster_id("".into())
 }
 
-fn publish(out: &mut BytesMut, channel: u16, routing_key: &str, properties: &AMQPProperties, body: &[u8]) {
+fn publish(
+    out: &mut BytesMut,
+    channel: u16,
+    routing_key: &str,
+    properties: &AMQPProperties,
+    body: &[u8],
+) {
     let method = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
         exchange: "amq.topic".into(),
         routing_key: routing_key.into(),
@@ -64,7 +76,13 @@ fn publish(out: &mut BytesMut, channel: u16, routing_key: &str, properties: &AMQ
         immediate: false,
     }));
     encode_control(out, channel, &method);
-    encode_content(out, channel, &RawProperties::from_properties(properties), body, 131_072);
+    encode_content(
+        out,
+        channel,
+        &RawProperties::from_properties(properties),
+        body,
+        131_072,
+    );
 }
 
 fn main() -> std::io::Result<()> {
@@ -76,14 +94,26 @@ fn main() -> std::io::Result<()> {
 
     // A publish with the common properties and a 1 KB body.
     let mut out = BytesMut::new();
-    publish(&mut out, 1, "a.b.c", &AMQPProperties::default().with_delivery_mode(2), &[b'x'; 1024]);
+    publish(
+        &mut out,
+        1,
+        "a.b.c",
+        &AMQPProperties::default().with_delivery_mode(2),
+        &[b'x'; 1024],
+    );
     fs::write(frames_dir.join("publish"), frames_input(&out, 63))?;
     // The same, fed in small chunks (chunk seed 0 gives a chunk of 1 first).
     fs::write(frames_dir.join("publish_chunked"), frames_input(&out, 0))?;
 
     // A publish with every property and a body split over several frames.
     let mut out = BytesMut::new();
-    publish(&mut out, 2, "orders.eu", &full_properties(), &vec![7u8; 9000]);
+    publish(
+        &mut out,
+        2,
+        "orders.eu",
+        &full_properties(),
+        &vec![7u8; 9000],
+    );
     let method = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
         exchange: "".into(),
         routing_key: "q".into(),
@@ -91,8 +121,17 @@ fn main() -> std::io::Result<()> {
         immediate: false,
     }));
     encode_control(&mut out, 2, &method);
-    encode_content(&mut out, 2, &RawProperties::from_properties(&AMQPProperties::default()), b"", 4096);
-    fs::write(frames_dir.join("publish_full_properties"), frames_input(&out, 17))?;
+    encode_content(
+        &mut out,
+        2,
+        &RawProperties::from_properties(&AMQPProperties::default()),
+        b"",
+        4096,
+    );
+    fs::write(
+        frames_dir.join("publish_full_properties"),
+        frames_input(&out, 17),
+    )?;
 
     // Control plane: start-ok, declare, bind, consume, then acks.
     let mut out = BytesMut::new();
@@ -159,12 +198,24 @@ fn main() -> std::io::Result<()> {
     // Properties: none, the fast path, and every field.
     let sets = [
         ("empty", AMQPProperties::default()),
-        ("persistent_text", AMQPProperties::default().with_content_type("text/plain".into()).with_delivery_mode(2).with_priority(1)),
-        ("expiration", AMQPProperties::default().with_expiration("1000".into())),
+        (
+            "persistent_text",
+            AMQPProperties::default()
+                .with_content_type("text/plain".into())
+                .with_delivery_mode(2)
+                .with_priority(1),
+        ),
+        (
+            "expiration",
+            AMQPProperties::default().with_expiration("1000".into()),
+        ),
         ("full", full_properties()),
     ];
     for (name, properties) in &sets {
-        fs::write(properties_dir.join(name), RawProperties::from_properties(properties).as_bytes())?;
+        fs::write(
+            properties_dir.join(name),
+            RawProperties::from_properties(properties).as_bytes(),
+        )?;
     }
     println!("wrote seeds to {}", seeds.display());
     Ok(())

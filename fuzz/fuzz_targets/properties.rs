@@ -17,12 +17,16 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(raw.priority(), *decoded.priority());
     assert_eq!(
         raw.expiration().map(|expiration| expiration.to_vec()),
-        decoded.expiration().as_ref().map(|expiration| expiration.as_str().as_bytes().to_vec())
+        decoded
+            .expiration()
+            .as_ref()
+            .map(|expiration| expiration.as_str().as_bytes().to_vec())
     );
     assert_eq!(raw.has_headers(), decoded.headers().is_some());
     // Re-encoding is stable. (Compared as bytes: a NaN in the headers makes
     // the decoded values unequal to themselves.)
     let again = RawProperties::from_properties(&decoded);
-    let twice = RawProperties::from_properties(&again.decode().expect("re-encoded properties must decode"));
+    let twice =
+        RawProperties::from_properties(&again.decode().expect("re-encoded properties must decode"));
     assert_eq!(again.as_bytes(), twice.as_bytes());
 });

@@ -189,14 +189,14 @@ impl VirtualHost {
         let kind = ExchangeKind::parse(declaration.kind).ok_or_else(|| {
             AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
         })?;
-        if name.is_empty() || name.starts_with("amq.") {
-            // Redeclaring a standard exchange as it is succeeds in RabbitMQ;
-            // anything else under the reserved prefix is refused.
-            if let Ok(existing) = self.exchange(name) {
-                if existing.kind == kind && existing.durable == declaration.durable {
-                    return Ok(());
-                }
-            }
+        if name.is_empty() {
+            return Err(AmqpError::access_refused(
+                "operation not permitted on the default exchange",
+            ));
+        }
+        // As in RabbitMQ, an existing `amq.*` exchange is redeclared like any
+        // other (equivalence checked below); only creating one is refused.
+        if name.starts_with("amq.") && self.exchange(name).is_err() {
             return Err(AmqpError::access_refused(format!(
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
             )));
@@ -262,7 +262,8 @@ impl VirtualHost {
         }
         if name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
-                "exchange name '{name}' contains reserved prefix 'amq.*'"
+                "deletion of system {} not allowed",
+                self.describe_exchange(name)
             )));
         }
         let mut exchanges = write(&self.exchanges);
@@ -270,16 +271,13 @@ impl VirtualHost {
             return Ok(()); // deleting a missing exchange succeeds, as in RabbitMQ 3.x
         };
         let destination = Destination::Exchange(Arc::clone(&exchange.name));
-        if if_unused {
-            let bound_as_destination = exchanges.values().any(|other| {
-                !Arc::ptr_eq(other, &exchange) && other.routing().has_destination(&destination)
-            });
-            if !exchange.routing().is_empty() || bound_as_destination {
-                return Err(AmqpError::precondition_failed(format!(
-                    "{} in use",
-                    self.describe_exchange(name)
-                )));
-            }
+        // RabbitMQ counts only bindings with this exchange as their source:
+        // one that is merely bound to another exchange is unused.
+        if if_unused && !exchange.routing().is_empty() {
+            return Err(AmqpError::precondition_failed(format!(
+                "{} in use",
+                self.describe_exchange(name)
+            )));
         }
         exchanges.remove(name);
         let emptied = Self::remove_destination_locked(&exchanges, &destination);
@@ -497,6 +495,7 @@ impl VirtualHost {
         arguments: FieldTable,
         connection_id: ConnectionId,
     ) -> AmqpResult<()> {
+        check_not_default_exchange(source, &destination)?;
         let destination = self.resolve_destination(destination, connection_id)?;
         let exchange = self.binding_source(source)?;
         let binding = Binding {
@@ -518,6 +517,7 @@ impl VirtualHost {
         arguments: FieldTable,
         connection_id: ConnectionId,
     ) -> AmqpResult<()> {
+        check_not_default_exchange(source, &destination)?;
         let destination = self.resolve_destination(destination, connection_id)?;
         let exchange = self.binding_source(source)?;
         let binding = Binding {
@@ -663,6 +663,19 @@ fn check_queue_type(arguments: &FieldTable, what: &str) -> AmqpResult<()> {
         "invalid arg 'x-queue-type' for {what}: queue type '{queue_type}' is not supported by this node (supported: {})",
         SUPPORTED_QUEUE_TYPES.join(", ")
     )))
+}
+
+/// RabbitMQ refuses the default exchange as either end of a binding before
+/// it looks either end up.
+fn check_not_default_exchange(source: &str, destination: &Destination) -> AmqpResult<()> {
+    let destination_is_default =
+        matches!(destination, Destination::Exchange(name) if name.is_empty());
+    if source.is_empty() || destination_is_default {
+        return Err(AmqpError::access_refused(
+            "operation not permitted on the default exchange",
+        ));
+    }
+    Ok(())
 }
 
 fn existing_exclusive_mismatch(existing: &Queue) -> AmqpError {

@@ -287,26 +287,24 @@ impl Channel {
             &mut self.route_scratch,
             &mut self.route_queues,
         );
-        if self.route_queues.is_empty() {
-            if publish.mandatory {
-                context.outbox.append(|out| {
-                    encode_return(
-                        out,
-                        self.id,
-                        ReplyCode::NoRoute.code(),
-                        "NO_ROUTE",
-                        &message.exchange,
-                        &message.routing_key,
-                    );
-                    encode_content(
-                        out,
-                        self.id,
-                        &message.properties,
-                        &message.body,
-                        context.frame_max,
-                    );
-                });
-            }
+        if self.route_queues.is_empty() && publish.mandatory {
+            context.outbox.append(|out| {
+                encode_return(
+                    out,
+                    self.id,
+                    ReplyCode::NoRoute.code(),
+                    "NO_ROUTE",
+                    &message.exchange,
+                    &message.routing_key,
+                );
+                encode_content(
+                    out,
+                    self.id,
+                    &message.properties,
+                    &message.body,
+                    context.frame_max,
+                );
+            });
         }
         let mut rejected = false;
         for queue in self.route_queues.drain(..) {
@@ -714,11 +712,17 @@ impl Channel {
                 }
             }
             basic::AMQPMethod::Recover(recover) => {
-                self.recover(recover.requeue)?;
+                if !recover.requeue {
+                    return Err(AmqpError::not_implemented("requeue=false"));
+                }
+                // recover-ok goes before the redeliveries, as in RabbitMQ:
+                // clients such as lapin drop deliveries they hold when
+                // recover-ok arrives, expecting the redeliveries after it.
                 self.reply(
                     context,
                     AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
                 );
+                self.recover(true)?;
             }
             basic::AMQPMethod::RecoverAsync(recover) => self.recover(recover.requeue)?,
             other => {

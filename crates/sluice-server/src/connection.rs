@@ -60,7 +60,16 @@ pub async fn serve(
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
-    let negotiated = match handshake(&mut reader, &mut write_half, peer, &broker, &settings).await {
+    // A connection still in its handshake has nothing to close politely: on
+    // shutdown it is dropped, so stopping never waits out handshake_timeout.
+    let handshake_result = tokio::select! {
+        result = handshake(&mut reader, &mut write_half, peer, &broker, &settings) => result,
+        _ = shutdown_requested(&mut shutdown) => {
+            tracing::info!(%peer, "shutting down: connection dropped during its handshake");
+            return;
+        }
+    };
+    let negotiated = match handshake_result {
         Ok(negotiated) => negotiated,
         Err(HandshakeError::Refused(error, class_id, method_id)) => {
             tracing::info!(%peer, %error, "connection refused during handshake");
@@ -113,6 +122,14 @@ pub async fn serve(
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
     tracing::info!(%peer, connection_id, "connection closed");
+}
+
+/// Resolves once shutdown is asked for; never, if the server handle is gone
+/// without asking.
+async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 impl Connection {
@@ -243,9 +260,22 @@ impl Connection {
         }
         match frame.frame_type {
             FrameType::Heartbeat => {
-                if frame.channel != 0 {
+                // As RabbitMQ: a heartbeat with a payload is not a frame it
+                // knows (501); one on a channel is out of place (505, where
+                // the specification says 501).
+                if !frame.payload.is_empty() {
                     return Flow::CloseWith(
                         AmqpError::frame_error(format!(
+                            "heartbeat frame with a payload of {} bytes",
+                            frame.payload.len()
+                        )),
+                        0,
+                        0,
+                    );
+                }
+                if frame.channel != 0 {
+                    return Flow::CloseWith(
+                        AmqpError::unexpected_frame(format!(
                             "heartbeat frame on channel {}",
                             frame.channel
                         )),
@@ -299,9 +329,7 @@ impl Connection {
         }
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             return Flow::CloseWith(
-                AmqpError::channel_error(format!(
-                    "expected 'channel.open' on channel {channel_id}"
-                )),
+                AmqpError::channel_error("expected 'channel.open'"),
                 ids.0,
                 ids.1,
             );
@@ -323,12 +351,14 @@ impl Connection {
             return Flow::Continue;
         }
         if channel.expects_content() {
+            // RabbitMQ's command assembler names the publish whose content
+            // was cut short, not the method that interrupted it.
             return Flow::CloseWith(
                 AmqpError::unexpected_frame(format!(
                     "expected content header for class 60, got method frame on channel {channel_id}"
                 )),
-                ids.0,
-                ids.1,
+                60,
+                40,
             );
         }
         let context = &self.context;
@@ -380,11 +410,11 @@ impl Connection {
 
     fn handle_content_frame(&mut self, frame: Frame) -> Flow {
         let channel_id = frame.channel;
+        // Content on channel 0 or on a channel never opened: RabbitMQ's
+        // command assembler expects a method there.
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             return Flow::CloseWith(
-                AmqpError::channel_error(format!(
-                    "expected 'channel.open' on channel {channel_id}"
-                )),
+                AmqpError::unexpected_frame("expected method frame, got non method frame instead"),
                 0,
                 0,
             );
@@ -487,9 +517,7 @@ impl Connection {
             other => {
                 let (class_id, method_id) = method_ids(&other);
                 Flow::CloseWith(
-                    AmqpError::command_invalid(format!(
-                        "method {class_id}.{method_id} is not valid on channel 0"
-                    )),
+                    AmqpError::channel_error("unexpected method in connection state running"),
                     class_id,
                     method_id,
                 )

@@ -166,7 +166,11 @@ impl ChannelDeliveries {
                     .unacked
                     .partition_point(|unacked| unacked.delivery_tag <= delivery_tag)
             };
-            if count == 0 && delivery_tag != 0 {
+            // As in RabbitMQ, the tag itself must be outstanding: a multiple
+            // ack of a tag already settled, or never issued, is an error.
+            let tag_outstanding =
+                count > 0 && state.unacked[count - 1].delivery_tag == delivery_tag;
+            if delivery_tag != 0 && !tag_outstanding {
                 return Err(unknown_delivery_tag(delivery_tag));
             }
             state.unacked.drain(..count).collect()

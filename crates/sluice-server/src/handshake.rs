@@ -42,6 +42,10 @@ pub enum HandshakeError {
     Read(#[from] HandshakeReadError),
     #[error("socket write failed: {0}")]
     Write(#[from] std::io::Error),
+    /// The login failed and the client did not ask to be told: the socket
+    /// is closed without a connection.close.
+    #[error("login refused for user '{0}'")]
+    LoginRefused(String),
     /// Refused with a connection.close carrying this error.
     #[error("{0}")]
     Refused(AmqpError, u16, u16),
@@ -181,6 +185,38 @@ async fn expect_connection_method(
     }
 }
 
+/// The lowest channel_max a client may ask for (RabbitMQ's `?CHANNEL_MIN`).
+const CHANNEL_MIN: u32 = 1;
+
+/// RabbitMQ's check of a tune-ok value (`validate_negotiated_integer_value`
+/// in rabbit_reader.erl): a value below the minimum, above the server's
+/// limit, or zero ("no limit") while the server has a limit is refused with
+/// 530 NOT_ALLOWED rather than quietly lowered, so a client never believes
+/// it may use more than the server allows.
+fn validate_negotiated(
+    field: &str,
+    minimum: u32,
+    server: u32,
+    client: u32,
+) -> Result<(), AmqpError> {
+    if client != 0 && client < minimum {
+        return Err(AmqpError::not_allowed(format!(
+            "negotiated {field} = {client} is lower than the minimum allowed value ({minimum})"
+        )));
+    }
+    if server != 0 && (client == 0 || client > server) {
+        let detail = if field == "channel_max" && client == 0 {
+            " (no limit)"
+        } else {
+            ""
+        };
+        return Err(AmqpError::not_allowed(format!(
+            "negotiated {field} = {client}{detail} is higher than the maximum allowed value ({server})"
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the handshake on a fresh connection. On a refusal the caller sends
 /// the connection.close in the error and closes the socket.
 pub async fn handshake(
@@ -225,17 +261,23 @@ pub async fn handshake(
     let mechanism = start_ok.mechanism.as_str().to_owned();
     let (user, password) = credentials(&mechanism, start_ok.response.as_bytes())
         .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+    let client_capabilities = capabilities_of(&start_ok.client_properties);
     if let Err(reason) = broker.login(&user, &password, peer.ip()) {
         tracing::warn!(%peer, %reason, "login refused");
+        // As RabbitMQ: only a client that announced
+        // authentication_failure_close is told why; others see the socket
+        // close, which is what the specification has them expect.
+        if !client_capabilities.authentication_failure_close {
+            return Err(HandshakeError::LoginRefused(user));
+        }
         return Err(HandshakeError::Refused(
             AmqpError::access_refused(format!(
                 "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
             )),
-            10,
-            11,
+            0,
+            0,
         ));
     }
-    let client_capabilities = capabilities_of(&start_ok.client_properties);
 
     send(
         writer,
@@ -255,31 +297,30 @@ pub async fn handshake(
             31,
         ));
     };
-    let frame_max = if tune_ok.frame_max == 0 {
-        settings.frame_max
-    } else {
-        tune_ok.frame_max
+    // RabbitMQ names connection.tune (10, 30) as the failing method.
+    validate_negotiated(
+        "frame_max",
+        FRAME_MIN_SIZE,
+        settings.frame_max,
+        tune_ok.frame_max,
+    )
+    .and_then(|()| {
+        validate_negotiated(
+            "channel_max",
+            CHANNEL_MIN,
+            settings.channel_max.into(),
+            tune_ok.channel_max.into(),
+        )
+    })
+    .map_err(|error| HandshakeError::Refused(error, 10, 30))?;
+    // Zero is only accepted when the server has no limit either.
+    let frame_max = match tune_ok.frame_max {
+        0 => settings.frame_max,
+        requested => requested,
     };
-    if frame_max < FRAME_MIN_SIZE {
-        return Err(HandshakeError::Refused(
-            AmqpError::not_allowed(format!("frame_max={frame_max} < {FRAME_MIN_SIZE} min size")),
-            10,
-            31,
-        ));
-    }
-    if frame_max > settings.frame_max {
-        return Err(HandshakeError::Refused(
-            AmqpError::not_allowed(format!(
-                "frame_max={frame_max} > {} max size",
-                settings.frame_max
-            )),
-            10,
-            31,
-        ));
-    }
     let channel_max = match tune_ok.channel_max {
         0 => settings.channel_max,
-        requested => requested.min(settings.channel_max),
+        requested => requested,
     };
     reader.frame_max = frame_max;
 

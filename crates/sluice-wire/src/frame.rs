@@ -58,10 +58,18 @@ pub enum FrameError {
     UnknownType(u8),
 }
 
+/// How far past `frame_max` a frame may run. The specification bounds the
+/// whole frame by frame_max, but many clients get it wrong by the frame
+/// overhead, and RabbitMQ accepts a payload of up to frame_max bytes
+/// (`?FRAME_SIZE_FUDGE` in rabbit_reader.erl); refusing them would break
+/// clients that work against RabbitMQ.
+pub const FRAME_SIZE_FUDGE: usize = FRAME_OVERHEAD;
+
 /// Takes the next whole frame off the front of `buffer`, or returns `None`
 /// when more bytes are needed. `frame_max` bounds the whole frame including
-/// header and end octet (as the specification defines it), so a hostile size
-/// field can never make the caller buffer more than `frame_max` bytes.
+/// header and end octet (as the specification defines it), plus
+/// [`FRAME_SIZE_FUDGE`], so a hostile size field can never make the caller
+/// buffer more than `frame_max + FRAME_SIZE_FUDGE` bytes.
 pub fn split_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, FrameError> {
     if buffer.len() < FRAME_HEADER_SIZE {
         return Ok(None);
@@ -72,7 +80,7 @@ pub fn split_frame(buffer: &mut BytesMut, frame_max: u32) -> Result<Option<Frame
     let channel = u16::from_be_bytes([buffer[1], buffer[2]]);
     let payload_size = u32::from_be_bytes([buffer[3], buffer[4], buffer[5], buffer[6]]) as usize;
     let frame_size = payload_size as u64 + FRAME_OVERHEAD as u64;
-    if frame_size > frame_max as u64 {
+    if frame_size > frame_max as u64 + FRAME_SIZE_FUDGE as u64 {
         return Err(FrameError::TooLarge {
             size: frame_size,
             frame_max,
@@ -163,10 +171,17 @@ mod tests {
             split_frame(&mut buffer, 4096),
             Err(FrameError::TooLarge { .. })
         ));
-        // A payload of exactly frame_max - 8 fits; one more byte does not.
-        let mut buffer = BytesMut::from(&frame_bytes(3, 1, &[0u8; 4088], FRAME_END)[..]);
+        // A payload of frame_max bytes fits (RabbitMQ's fudge of one frame
+        // overhead); one more byte does not.
+        let mut buffer = BytesMut::from(&frame_bytes(3, 1, &[0u8; 4096], FRAME_END)[..]);
         assert!(split_frame(&mut buffer, 4096).unwrap().is_some());
-        let mut buffer = BytesMut::from(&frame_bytes(3, 1, &[0u8; 4089], FRAME_END)[..]);
-        assert!(split_frame(&mut buffer, 4096).is_err());
+        let mut buffer = BytesMut::from(&frame_bytes(3, 1, &[0u8; 4097], FRAME_END)[..]);
+        assert_eq!(
+            split_frame(&mut buffer, 4096),
+            Err(FrameError::TooLarge {
+                size: 4097 + FRAME_OVERHEAD as u64,
+                frame_max: 4096
+            })
+        );
     }
 }

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use sluice_server::config::Config;
 use sluice_server::RunningServer;
 
+pub mod raw;
+
 pub struct TestServer {
     pub server: Option<RunningServer>,
     pub address: SocketAddr,
