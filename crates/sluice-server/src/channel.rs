@@ -173,22 +173,28 @@ impl Channel {
         let pending = match self.content.as_mut() {
             Some(pending) if pending.header.is_none() => pending,
             _ => {
-                return Err(AmqpError::unexpected_frame(format!(
-                    "expected method frame, got content header on channel {}",
-                    self.id
-                )))
+                return Err(AmqpError::unexpected_frame(
+                    "expected method frame, got non method frame instead",
+                ))
             }
         };
         if header.class_id != sluice_wire::method::CLASS_BASIC {
-            return Err(AmqpError::frame_error(format!(
-                "content header for class {} does not match method class 60",
+            return Err(AmqpError::unexpected_frame(format!(
+                "expected content header for class 60, got one for class {} instead",
                 header.class_id
             )));
         }
         if header.body_size > context.max_message_size as u64 {
             self.content = None;
+            // RabbitMQ words the default limit and a configured one differently.
+            let configured = if context.max_message_size == crate::config::MAX_MESSAGE_SIZE_DEFAULT
+            {
+                ""
+            } else {
+                "configured "
+            };
             return Err(AmqpError::precondition_failed(format!(
-                "message size {} is larger than configured max size {}",
+                "message size {} is larger than {configured}max size {}",
                 header.body_size, context.max_message_size
             )));
         }
@@ -208,10 +214,9 @@ impl Channel {
         let pending = match self.content.as_mut() {
             Some(pending) if pending.header.is_some() => pending,
             _ => {
-                return Err(AmqpError::unexpected_frame(format!(
-                    "expected method frame, got content body on channel {}",
-                    self.id
-                )))
+                return Err(AmqpError::unexpected_frame(
+                    "expected method frame, got non method frame instead",
+                ))
             }
         };
         let body_size = pending.header.as_ref().map_or(0, |header| header.body_size) as usize;

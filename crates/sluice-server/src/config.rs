@@ -67,6 +67,9 @@ pub struct Config {
     pub disk_free_limit_bytes: u64,
 }
 
+/// RabbitMQ's default `max_message_size`: 128 MiB.
+pub const MAX_MESSAGE_SIZE_DEFAULT: u32 = 134_217_728;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -79,7 +82,7 @@ impl Default for Config {
             heartbeat_secs: 60,
             frame_max: 131_072,
             channel_max: 2047,
-            max_message_size: 134_217_728,
+            max_message_size: MAX_MESSAGE_SIZE_DEFAULT,
             handshake_timeout_ms: 10_000,
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: 0.4,
