@@ -230,9 +230,12 @@ impl Queue {
     }
 
     /// Consumers acked (or rejected without requeue) this many messages.
-    pub fn settle(&self, count: u64) {
+    /// The ack freed prefetch room, so this also delivers what it can: one
+    /// lock for both.
+    pub fn settle(self: &Arc<Self>, count: u64) {
         let mut state = self.lock();
         state.unacked = state.unacked.saturating_sub(count);
+        self.dispatch_locked(&mut state);
     }
 
     /// Puts messages back at their original positions, marked redelivered,

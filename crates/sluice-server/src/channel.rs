@@ -24,12 +24,15 @@ use sluice_wire::reply_code::ReplyCode;
 
 use crate::connection_context::ConnectionContext;
 use crate::delivery::{ChannelDeliveries, Settled, Unacked};
-use crate::limits::{BODY_PARTS_INITIAL, TX_UNCOMMITTED_BYTES_MAX};
+use crate::limits::TX_UNCOMMITTED_BYTES_MAX;
 
 /// A publish whose content header and body frames are still arriving.
 struct PendingContent {
     publish: Publish,
     header: Option<ContentHeader>,
+    /// A body that arrived whole in one frame: the common case, kept
+    /// without allocating a vector of parts.
+    single_body: Option<Bytes>,
     body_parts: Vec<Bytes>,
     body_received: usize,
 }
@@ -158,7 +161,8 @@ impl Channel {
         self.content = Some(PendingContent {
             publish,
             header: None,
-            body_parts: Vec::with_capacity(BODY_PARTS_INITIAL),
+            single_body: None,
+            body_parts: Vec::new(),
             body_received: 0,
         });
         let _ = context;
@@ -227,7 +231,12 @@ impl Channel {
                 pending.body_received, body_size
             )));
         }
-        pending.body_parts.push(body);
+        if pending.body_parts.is_empty() && pending.single_body.is_none() && pending.body_received == body_size {
+            pending.single_body = Some(body);
+        } else {
+            pending.body_parts.extend(pending.single_body.take());
+            pending.body_parts.push(body);
+        }
         if pending.body_received == body_size {
             self.finish_publish(context)?;
         }
@@ -247,7 +256,10 @@ impl Channel {
             exchange: publish.exchange.clone(),
             routing_key: publish.routing_key.clone(),
             properties: header.properties,
-            body: join_body(pending.body_parts, header.body_size as usize),
+            body: match pending.single_body {
+                Some(body) => body,
+                None => join_body(pending.body_parts, header.body_size as usize),
+            },
         });
         if let Some(transaction) = self.tx.as_mut() {
             // The exchange must exist now, as RabbitMQ checks at publish time.
@@ -394,9 +406,22 @@ impl Channel {
     }
 
     fn apply_settled(&mut self, settled: Settled) {
-        settle_by_queue(settled.acked);
+        // Settling and requeueing dispatch on their own queues; the other
+        // queues of this channel's consumers may deliver too now, since
+        // channel-wide prefetch room was freed.
+        let mut dispatched: Vec<Arc<Queue>> = Vec::new();
+        settle_by_queue(settled.acked, &mut dispatched);
+        for entry in &settled.requeued {
+            if !dispatched.iter().any(|queue| Arc::ptr_eq(queue, &entry.queue)) {
+                dispatched.push(Arc::clone(&entry.queue));
+            }
+        }
         requeue_by_queue(settled.requeued);
-        self.dispatch_consumer_queues();
+        for entry in self.consumers.values() {
+            if !dispatched.iter().any(|queue| Arc::ptr_eq(queue, &entry.queue)) {
+                entry.queue.dispatch();
+            }
+        }
     }
 
     /// Prefetch room was freed: let this channel's queues deliver again.
@@ -937,7 +962,7 @@ impl Channel {
 }
 
 /// Acked messages, counted per queue with one lock each.
-fn settle_by_queue(acked: Vec<Unacked>) {
+fn settle_by_queue(acked: Vec<Unacked>, settled_queues: &mut Vec<Arc<Queue>>) {
     let mut start = 0;
     while start < acked.len() {
         let queue = &acked[start].queue;
@@ -946,6 +971,9 @@ fn settle_by_queue(acked: Vec<Unacked>) {
             .take_while(|entry| Arc::ptr_eq(&entry.queue, queue))
             .count();
         queue.settle(run as u64);
+        if !settled_queues.iter().any(|known| Arc::ptr_eq(known, queue)) {
+            settled_queues.push(Arc::clone(queue));
+        }
         start += run;
     }
 }

@@ -24,9 +24,4 @@ pub const TX_UNCOMMITTED_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// disconnected anyway.
 pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;
 
-/// Body frames of one message held while it is being assembled; a message
-/// larger than max_message_size is refused before this matters, so this only
-/// bounds the vector of slices for bodies made of many tiny frames.
-pub const BODY_PARTS_INITIAL: usize = 4;
-
 const _: () = assert!(OUTBOX_DELIVERY_BYTES_MAX < OUTBOX_READER_PAUSE_BYTES);
