@@ -42,9 +42,16 @@ func main() {
 	check(err, "dial")
 	ch, err := conn.Channel()
 	check(err, "channel")
+	// Report why the server closed the main channel, should it do so.
+	go func() {
+		if e := <-ch.NotifyClose(make(chan *amqp.Error, 1)); e != nil {
+			log.Printf("channel closed by server: %v", e)
+		}
+	}()
 
 	check(ch.ExchangeDeclare(exchange, "topic", false, true, false, false, nil), "exchange.declare")
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	// Exclusive but not auto-delete: an auto-delete queue would go with the consumer cancelled below.
+	q, err := ch.QueueDeclare("", false, false, true, false, nil)
 	check(err, "queue.declare")
 	assert(strings.HasPrefix(q.Name, "amq.gen-"), "server-named queue: %q", q.Name)
 	check(ch.QueueBind(q.Name, "orders.#", exchange, false, nil), "queue.bind")
@@ -143,7 +150,7 @@ func main() {
 	check(err, "channel")
 	check(tx.Tx(), "tx.select")
 	check(tx.PublishWithContext(ctx, exchange, "orders.tx", false, false, amqp.Publishing{Body: []byte("in-tx")}), "publish")
-	before, err := tx.QueueDeclarePassive(q.Name, false, true, true, false, nil)
+	before, err := tx.QueueDeclarePassive(q.Name, false, false, true, false, nil)
 	check(err, "queue.declare passive")
 	assert(before.Messages == 0, "uncommitted publish visible: %d", before.Messages)
 	check(tx.TxCommit(), "tx.commit")

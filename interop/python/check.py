@@ -1,4 +1,5 @@
 """Interop check for Sluice with pika (the Python RabbitMQ client), used as a new user would."""
+import signal
 import sys
 
 import pika
@@ -8,7 +9,14 @@ N = 20
 EXCHANGE = "interop.python"
 
 
+def timed_out(_signum, _frame):
+    raise TimeoutError("no answer from the broker within 10 s")
+
+
 def main(uri: str) -> None:
+    # pika's blocking calls (e.g. waiting for a publisher confirm) have no timeout of their own.
+    signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(10)
     conn = pika.BlockingConnection(pika.URLParameters(uri))
     ch = conn.channel()
 

@@ -231,7 +231,10 @@ impl Channel {
                 pending.body_received, body_size
             )));
         }
-        if pending.body_parts.is_empty() && pending.single_body.is_none() && pending.body_received == body_size {
+        if pending.body_parts.is_empty()
+            && pending.single_body.is_none()
+            && pending.body_received == body_size
+        {
             pending.single_body = Some(body);
         } else {
             pending.body_parts.extend(pending.single_body.take());
@@ -412,13 +415,19 @@ impl Channel {
         let mut dispatched: Vec<Arc<Queue>> = Vec::new();
         settle_by_queue(settled.acked, &mut dispatched);
         for entry in &settled.requeued {
-            if !dispatched.iter().any(|queue| Arc::ptr_eq(queue, &entry.queue)) {
+            if !dispatched
+                .iter()
+                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+            {
                 dispatched.push(Arc::clone(&entry.queue));
             }
         }
         requeue_by_queue(settled.requeued);
         for entry in self.consumers.values() {
-            if !dispatched.iter().any(|queue| Arc::ptr_eq(queue, &entry.queue)) {
+            if !dispatched
+                .iter()
+                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+            {
                 entry.queue.dispatch();
             }
         }

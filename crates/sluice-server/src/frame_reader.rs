@@ -7,7 +7,7 @@ use sluice_wire::frame::{split_frame, Frame, FrameError};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
-use crate::limits::READ_BUFFER_BYTES;
+use crate::limits::{READ_BUFFER_MAX_BYTES, READ_BUFFER_MIN_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -22,6 +22,9 @@ pub enum ReadError {
 pub struct FrameReader {
     socket: OwnedReadHalf,
     buffer: BytesMut,
+    /// How much room the next read gets: doubles while reads fill what they
+    /// are offered, halves while they use little of it.
+    read_size: usize,
     pub frame_max: u32,
 }
 
@@ -29,16 +32,18 @@ impl FrameReader {
     pub fn new(socket: OwnedReadHalf, frame_max: u32) -> Self {
         FrameReader {
             socket,
-            buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
+            buffer: BytesMut::new(),
+            read_size: READ_BUFFER_MIN_BYTES,
             frame_max,
         }
     }
 
     /// Reads more bytes, waiting at most `timeout` when one is given.
     pub async fn fill(&mut self, timeout: Option<Duration>) -> Result<usize, ReadError> {
-        if self.buffer.capacity() - self.buffer.len() < READ_BUFFER_BYTES / 8 {
-            self.buffer.reserve(READ_BUFFER_BYTES);
+        if self.buffer.capacity() - self.buffer.len() < self.read_size / 2 {
+            self.buffer.reserve(self.read_size);
         }
+        let offered = self.buffer.capacity() - self.buffer.len();
         let read = self.socket.read_buf(&mut self.buffer);
         let count = match timeout {
             Some(limit) => tokio::time::timeout(limit, read)
@@ -49,6 +54,7 @@ impl FrameReader {
         if count == 0 {
             return Err(ReadError::Closed);
         }
+        self.read_size = next_read_size(self.read_size, offered, count);
         Ok(count)
     }
 
@@ -83,10 +89,45 @@ impl FrameReader {
     }
 }
 
+/// Grows the read size while reads fill the room they get and shrinks it
+/// while they use a small part, within the read buffer bounds.
+fn next_read_size(read_size: usize, offered: usize, count: usize) -> usize {
+    if count >= offered {
+        (read_size * 2).min(READ_BUFFER_MAX_BYTES)
+    } else if count < read_size / 4 {
+        (read_size / 2).max(READ_BUFFER_MIN_BYTES)
+    } else {
+        read_size
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeReadError {
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error(transparent)]
     Frame(#[from] FrameError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_reader_read_size_adapts_within_bounds() {
+        let mut size = READ_BUFFER_MIN_BYTES;
+        for _ in 0..10 {
+            size = next_read_size(size, size, size);
+        }
+        assert_eq!(size, READ_BUFFER_MAX_BYTES);
+        size = next_read_size(size, size, size / 2);
+        assert_eq!(
+            size, READ_BUFFER_MAX_BYTES,
+            "a half-full read keeps the size"
+        );
+        for _ in 0..10 {
+            size = next_read_size(size, size, 100);
+        }
+        assert_eq!(size, READ_BUFFER_MIN_BYTES);
+    }
 }

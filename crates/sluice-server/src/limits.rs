@@ -1,9 +1,18 @@
 //! Every bound the server puts on a buffer, queue or loop, with the reason.
 
-/// Bytes read from a socket per read call. Large enough that one read picks
-/// up dozens of 1 KB publishes; the buffer is shared by the message bodies
-/// sliced out of it, so it is allocated afresh once they hold on to it.
-pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Bytes offered to one socket read, at most. Large enough that one read
+/// picks up dozens of 1 KB publishes; the buffer is shared by the message
+/// bodies sliced out of it, so it is allocated afresh once they hold on to it.
+pub const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
+
+/// Bytes offered to one socket read at first, and the floor the size shrinks
+/// back to on a quiet connection: a thousand mostly idle publishers should
+/// not pin 64 KiB each.
+pub const READ_BUFFER_MIN_BYTES: usize = 4 * 1024;
+
+/// Output buffers larger than this are not kept for reuse after a write, so
+/// one burst does not leave a large buffer behind for the connection's life.
+pub const OUTBOX_RETAINED_BYTES_MAX: usize = 256 * 1024;
 
 /// Deliveries stop going into a connection's output buffer past this size,
 /// until the writer has drained it. It bounds the memory a slow consumer can
@@ -25,3 +34,4 @@ pub const TX_UNCOMMITTED_BYTES_MAX: usize = 256 * 1024 * 1024;
 pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;
 
 const _: () = assert!(OUTBOX_DELIVERY_BYTES_MAX < OUTBOX_READER_PAUSE_BYTES);
+const _: () = assert!(READ_BUFFER_MIN_BYTES < READ_BUFFER_MAX_BYTES);

@@ -15,7 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
-use crate::limits::{OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_READER_PAUSE_BYTES};
+use crate::limits::{
+    OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_READER_PAUSE_BYTES, OUTBOX_RETAINED_BYTES_MAX,
+};
 
 pub struct Outbox {
     buffer: Mutex<BytesMut>,
@@ -36,7 +38,7 @@ pub struct Outbox {
 impl Outbox {
     pub fn new() -> Arc<Self> {
         Arc::new(Outbox {
-            buffer: Mutex::new(BytesMut::with_capacity(64 * 1024)),
+            buffer: Mutex::new(BytesMut::new()),
             has_data: Notify::new(),
             drained: Notify::new(),
             deliveries_refused: AtomicBool::new(false),
@@ -121,7 +123,7 @@ impl Outbox {
         heartbeat: Option<Duration>,
         resume_deliveries: impl Fn() + Send,
     ) {
-        let mut spare = BytesMut::with_capacity(64 * 1024);
+        let mut spare = BytesMut::new();
         loop {
             let woken = match heartbeat {
                 Some(interval) => tokio::time::timeout(interval / 2, self.has_data.notified())
@@ -150,8 +152,8 @@ impl Outbox {
             pending.clear();
             // One huge message must not keep a huge buffer alive for the
             // rest of the connection's life.
-            spare = if pending.capacity() > OUTBOX_READER_PAUSE_BYTES {
-                BytesMut::with_capacity(64 * 1024)
+            spare = if pending.capacity() > OUTBOX_RETAINED_BYTES_MAX {
+                BytesMut::new()
             } else {
                 pending
             };
