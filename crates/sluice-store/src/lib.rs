@@ -1,0 +1,42 @@
+//! Durable storage for Sluice.
+//!
+//! - [`record`]: the on-disk record: length, CRC-32 checksum, kind, payload.
+//! - [`segment`]: one append-only file of records, and scanning it back.
+//! - [`log`]: a sequence of segments in a directory, rolled at a size bound,
+//!   with whole segments deleted once nothing in them is needed.
+//! - [`group_commit`]: the sync thread that writes buffered records and makes
+//!   them durable with one fdatasync per file per round, and the epochs that
+//!   tell publishers when their records are durable.
+//!
+//! Storage code checks length and checksum before writing and again after
+//! reading: a torn or corrupt tail is truncated at recovery, never trusted.
+
+pub mod group_commit;
+pub mod log;
+pub mod record;
+pub mod segment;
+
+pub use group_commit::{DurableEpoch, GroupCommit, LogBuffer};
+pub use log::SegmentLog;
+pub use record::{Record, RecordError};
+
+/// Storage failures. An I/O error on a log is fatal for that log: callers
+/// stop accepting writes to it and nack what waits on it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

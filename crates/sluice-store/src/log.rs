@@ -1,0 +1,220 @@
+//! A directory of segments: the durable log of one queue (or of the node's
+//! definitions). Records are appended to the newest segment; a new segment
+//! starts when the newest passes the size bound; old segments are deleted
+//! whole once their owner no longer needs them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::record::Record;
+use crate::segment::{segment_id, Segment};
+use crate::StoreError;
+
+/// A record found at recovery, with where it lives.
+pub struct RecoveredRecord {
+    pub segment: u64,
+    pub position: u64,
+    pub record: Record,
+}
+
+pub struct SegmentLog {
+    pub dir: PathBuf,
+    segments: BTreeMap<u64, Segment>,
+}
+
+impl SegmentLog {
+    /// Opens the log in `dir` (created when missing) and returns every valid
+    /// record, oldest first. A torn or corrupt tail of any segment is cut off
+    /// and logged; the records before it are kept.
+    pub fn recover(dir: &Path) -> Result<(Self, Vec<RecoveredRecord>), StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
+        let mut ids: Vec<u64> = std::fs::read_dir(dir)
+            .map_err(|error| StoreError::io(format!("listing {}", dir.display()), error))?
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| segment_id(&entry.path()))
+            .collect();
+        ids.sort_unstable();
+        let mut segments = BTreeMap::new();
+        let mut recovered = Vec::new();
+        for id in ids {
+            let mut segment = Segment::open(dir, id)?;
+            let scan = Segment::scan(&segment.path)?;
+            if let Some(reason) = &scan.stopped_by {
+                tracing::warn!(
+                    segment = %segment.path.display(),
+                    kept_bytes = scan.valid_length,
+                    dropped_bytes = segment.size - scan.valid_length,
+                    %reason,
+                    "truncating a torn or corrupt segment tail"
+                );
+                segment.truncate(scan.valid_length)?;
+            }
+            for (position, record) in scan.records {
+                recovered.push(RecoveredRecord {
+                    segment: id,
+                    position,
+                    record,
+                });
+            }
+            segments.insert(id, segment);
+        }
+        Ok((
+            SegmentLog {
+                dir: dir.to_path_buf(),
+                segments,
+            },
+            recovered,
+        ))
+    }
+
+    /// The newest segment's id and size, where appends continue.
+    pub fn head(&self) -> Option<(u64, u64)> {
+        self.segments
+            .last_key_value()
+            .map(|(id, segment)| (*id, segment.size))
+    }
+
+    /// Appends bytes to segment `id`, creating it when it is new.
+    pub fn write(&mut self, id: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let segment = match self.segments.entry(id) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Segment::open(&self.dir, id)?)
+            }
+        };
+        segment.write(bytes)
+    }
+
+    pub fn sync(&self, id: u64) -> Result<(), StoreError> {
+        match self.segments.get(&id) {
+            Some(segment) => segment.sync(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn read(&self, id: u64, position: u64, length: usize) -> Result<Bytes, StoreError> {
+        match self.segments.get(&id) {
+            Some(segment) => segment.read_at(position, length),
+            None => Err(StoreError::io(
+                format!("reading segment {id} of {}", self.dir.display()),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "segment was deleted"),
+            )),
+        }
+    }
+
+    /// Deletes every segment older than `id`.
+    pub fn remove_segments_before(&mut self, id: u64) -> Result<usize, StoreError> {
+        let doomed: Vec<u64> = self.segments.range(..id).map(|(id, _)| *id).collect();
+        for doomed_id in &doomed {
+            if let Some(segment) = self.segments.remove(doomed_id) {
+                std::fs::remove_file(&segment.path).map_err(|error| {
+                    StoreError::io(format!("deleting {}", segment.path.display()), error)
+                })?;
+            }
+        }
+        Ok(doomed.len())
+    }
+
+    pub fn segment_ids(&self) -> Vec<u64> {
+        self.segments.keys().copied().collect()
+    }
+
+    /// Deletes the whole log (the queue was deleted).
+    pub fn destroy(self) -> Result<(), StoreError> {
+        let dir = self.dir.clone();
+        drop(self);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(StoreError::io(format!("deleting {}", dir.display()), error)),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::record::encode_record;
+    use bytes::BytesMut;
+    use std::io::Write;
+
+    pub(crate) fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-store-{name}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn record_bytes(kind: u8, payload: &[u8]) -> BytesMut {
+        let mut out = BytesMut::new();
+        encode_record(&mut out, kind, &[payload]);
+        out
+    }
+
+    #[test]
+    fn log_recovery_truncates_a_torn_tail() {
+        let dir = temp_dir("torn");
+        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        assert!(records.is_empty());
+        log.write(1, &record_bytes(1, b"first")).unwrap();
+        log.write(1, &record_bytes(1, b"second")).unwrap();
+        log.sync(1).unwrap();
+        drop(log);
+        // A crash mid-write leaves half a record behind.
+        let torn = record_bytes(1, b"third, torn");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(crate::segment::segment_path(&dir, 1))
+            .unwrap();
+        file.write_all(&torn[..torn.len() - 3]).unwrap();
+        drop(file);
+
+        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        let payloads: Vec<&[u8]> = records
+            .iter()
+            .map(|found| &found.record.payload[..])
+            .collect();
+        assert_eq!(payloads, vec![&b"first"[..], &b"second"[..]]);
+        // Appends continue after the valid prefix.
+        log.write(1, &record_bytes(1, b"fourth")).unwrap();
+        drop(log);
+        let (_, records) = SegmentLog::recover(&dir).unwrap();
+        assert_eq!(records.len(), 3);
+        assert_eq!(&records[2].record.payload[..], b"fourth");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn log_recovery_stops_at_a_flipped_byte_and_removes_old_segments() {
+        let dir = temp_dir("flipped");
+        let (mut log, _) = SegmentLog::recover(&dir).unwrap();
+        log.write(1, &record_bytes(1, b"old")).unwrap();
+        log.write(2, &record_bytes(1, b"good")).unwrap();
+        log.write(2, &record_bytes(1, b"will be flipped")).unwrap();
+        drop(log);
+        let path = crate::segment::segment_path(&dir, 2);
+        let mut contents = std::fs::read(&path).unwrap();
+        let last = contents.len() - 2;
+        contents[last] ^= 0x01;
+        std::fs::write(&path, contents).unwrap();
+
+        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[1].segment, 2);
+        assert_eq!(log.segment_ids(), vec![1, 2]);
+        assert_eq!(log.remove_segments_before(2).unwrap(), 1);
+        assert_eq!(log.segment_ids(), vec![2]);
+        assert!(!crate::segment::segment_path(&dir, 1).exists());
+        log.destroy().unwrap();
+        assert!(!dir.exists());
+    }
+}

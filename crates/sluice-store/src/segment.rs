@@ -1,0 +1,131 @@
+//! One append-only segment file of records.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::record::{decode_record, Record, RecordError};
+use crate::StoreError;
+
+/// Segment files are named by their id, zero-padded so that they sort.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016}.seg"))
+}
+
+/// Parses a segment id back out of a file name.
+pub fn segment_id(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_suffix(".seg")?.parse().ok()
+}
+
+pub struct Segment {
+    pub id: u64,
+    pub path: PathBuf,
+    file: File,
+    /// Bytes written so far: where the next write goes.
+    pub size: u64,
+}
+
+/// What scanning a segment found.
+pub struct Scan {
+    /// Each valid record with its position in the file.
+    pub records: Vec<(u64, Record)>,
+    /// Length of the valid prefix; anything after it is torn or corrupt.
+    pub valid_length: u64,
+    /// Why the scan stopped before the end of the file, if it did.
+    pub stopped_by: Option<RecordError>,
+}
+
+impl Segment {
+    /// Opens a segment for appending, creating it when missing.
+    pub fn open(dir: &Path, id: u64) -> Result<Self, StoreError> {
+        let path = segment_path(dir, id);
+        let file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(|error| StoreError::io(format!("opening {}", path.display()), error))?;
+        let size = file
+            .metadata()
+            .map_err(|error| {
+                StoreError::io(format!("reading the size of {}", path.display()), error)
+            })?
+            .len();
+        Ok(Segment {
+            id,
+            path,
+            file,
+            size,
+        })
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.file
+            .write_all(bytes)
+            .map_err(|error| StoreError::io(format!("writing {}", self.path.display()), error))?;
+        self.size += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.file
+            .sync_data()
+            .map_err(|error| StoreError::io(format!("syncing {}", self.path.display()), error))
+    }
+
+    /// Reads `length` bytes at `position`.
+    pub fn read_at(&self, position: u64, length: usize) -> Result<Bytes, StoreError> {
+        let mut bytes = vec![0; length];
+        self.file
+            .read_exact_at(&mut bytes, position)
+            .map_err(|error| StoreError::io(format!("reading {}", self.path.display()), error))?;
+        Ok(Bytes::from(bytes))
+    }
+
+    /// Cuts the file back to `length` bytes (a torn tail found at recovery).
+    pub fn truncate(&mut self, length: u64) -> Result<(), StoreError> {
+        self.file
+            .set_len(length)
+            .and_then(|_| self.file.sync_all())
+            .map_err(|error| {
+                StoreError::io(format!("truncating {}", self.path.display()), error)
+            })?;
+        self.size = length;
+        Ok(())
+    }
+
+    /// Reads every valid record of the file at `path`, stopping at the first
+    /// torn or corrupt one.
+    pub fn scan(path: &Path) -> Result<Scan, StoreError> {
+        let mut contents = Vec::new();
+        File::open(path)
+            .and_then(|mut file| file.read_to_end(&mut contents))
+            .map_err(|error| StoreError::io(format!("reading {}", path.display()), error))?;
+        let contents = Bytes::from(contents);
+        let mut records = Vec::new();
+        let mut position = 0usize;
+        let mut stopped_by = None;
+        while position < contents.len() {
+            match decode_record(&contents.slice(position..)) {
+                Ok((record, size)) => {
+                    records.push((position as u64, record));
+                    position += size;
+                }
+                Err(error) => {
+                    stopped_by = Some(error);
+                    break;
+                }
+            }
+        }
+        Ok(Scan {
+            records,
+            valid_length: position as u64,
+            stopped_by,
+        })
+    }
+}
