@@ -121,6 +121,31 @@ pub async fn serve(
     connection.release();
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
+    // Like RabbitMQ's reader in its `closed` state: discard what the client
+    // still sends (late acks from consumer threads) until it closes the
+    // socket, so that closing with unread bytes does not reset the
+    // connection under the client.
+    let linger = Duration::from_millis(if *shutdown.borrow() {
+        0
+    } else {
+        CLOSE_OK_TIMEOUT_MS
+    });
+    let discard_until_client_closes = async {
+        loop {
+            match reader.next_buffered() {
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(_) => break,
+            }
+            if reader.fill(None).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(linger, discard_until_client_closes) => {}
+        _ = shutdown.changed() => {}
+    }
     tracing::info!(%peer, connection_id, "connection closed");
 }
 
@@ -430,6 +455,11 @@ impl Connection {
         } else {
             channel.handle_content_body(&self.context, frame.payload)
         };
+        // The publish completes with its last content frame, which may come
+        // in a later read than its method frame.
+        if channel.has_confirms() && !self.confirm_channels.contains(&channel_id) {
+            self.confirm_channels.push(channel_id);
+        }
         match result {
             Ok(()) => Flow::Continue,
             Err(error) => self.channel_error(channel_id, error, (60, 40)),

@@ -513,3 +513,37 @@ async fn frames_client_vanishing_mid_publish_enqueues_nothing() {
     assert_eq!(message_count(&server, "half").await, 1);
     server.stop().await;
 }
+
+/// pika writes a publish's method, header and body frames with separate
+/// syscalls; the confirm must still come when the last frame arrives in a
+/// later read than the method.
+#[tokio::test]
+async fn frames_confirm_arrives_when_content_comes_in_separate_reads() {
+    let server = TestServer::start().await;
+    let mut client = open_channel_one(&server).await;
+    client.send_method(1, declare("split", false)).await;
+    client.read_method().await; // declare-ok
+    client
+        .send_method(
+            1,
+            AMQPClass::Confirm(
+                sluice_wire::amq_protocol::protocol::confirm::AMQPMethod::Select(
+                    sluice_wire::amq_protocol::protocol::confirm::Select { nowait: false },
+                ),
+            ),
+        )
+        .await;
+    client.read_method().await; // select-ok
+    client.send_publish(1, "", "split", false).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    client.send_content_header(1, 5).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    client.send_body(1, b"hello").await;
+    let (channel_id, method) = client.read_method().await;
+    assert_eq!(channel_id, 1);
+    assert!(
+        matches!(method, Method::Ack(ack) if ack.delivery_tag == 1 && !ack.multiple),
+        "expected basic.ack 1, got {method:?}"
+    );
+    server.stop().await;
+}

@@ -1,0 +1,296 @@
+//! [`Workload`]: one run's settings after flags, scenario and defaults are merged, and the
+//! topology they imply (queue names, which producer publishes where, which consumer reads
+//! what).
+
+use serde::Serialize;
+
+use crate::PerfError;
+
+/// PerfTest's `--flag` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flag {
+    /// delivery-mode 2; also makes PerfTest (and us) declare the queues durable.
+    Persistent,
+    /// basic.publish mandatory: unroutable messages come back as basic.return.
+    Mandatory,
+}
+
+/// One `--queue-args` entry. PerfTest sends values that parse as integers as longs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum QueueArgument {
+    Int(String, i64),
+    Text(String, String),
+}
+
+impl QueueArgument {
+    pub fn parse(key: &str, value: &str) -> QueueArgument {
+        match value.parse::<i64>() {
+            Ok(number) => QueueArgument::Int(key.to_owned(), number),
+            Err(_) => QueueArgument::Text(key.to_owned(), value.to_owned()),
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        match self {
+            QueueArgument::Int(key, _) | QueueArgument::Text(key, _) => key,
+        }
+    }
+}
+
+/// Everything one run needs to know.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    pub uri: String,
+    pub producers: u32,
+    pub consumers: u32,
+    pub queue: Option<String>,
+    pub queue_pattern: Option<String>,
+    pub queue_pattern_from: u32,
+    pub queue_pattern_to: Option<u32>,
+    pub exchange: String,
+    pub exchange_type: String,
+    pub routing_key: Option<String>,
+    pub size: usize,
+    /// Per producer, messages/s; `None`: unlimited.
+    pub rate: Option<f64>,
+    pub consumer_rate: Option<f64>,
+    /// In-flight limit with confirms; `None`: no confirms; `Some(0)`: confirms, no limit.
+    pub confirm: Option<u64>,
+    pub qos: Option<u16>,
+    pub multi_ack_every: Option<u32>,
+    pub autoack: bool,
+    pub flags: Vec<Flag>,
+    pub quorum_queue: bool,
+    pub queue_args: Option<Vec<QueueArgument>>,
+    pub auto_delete: Option<bool>,
+    pub pmessages: Option<u64>,
+    pub cmessages: Option<u64>,
+    /// Seconds; `None`: until the message limits are reached or Ctrl-C.
+    pub time: Option<f64>,
+    pub use_millis: bool,
+}
+
+impl Default for Workload {
+    /// PerfTest's defaults.
+    fn default() -> Self {
+        Workload {
+            uri: "amqp://localhost".into(),
+            producers: 1,
+            consumers: 1,
+            queue: None,
+            queue_pattern: None,
+            queue_pattern_from: 1,
+            queue_pattern_to: None,
+            exchange: "direct".into(),
+            exchange_type: "direct".into(),
+            routing_key: None,
+            size: 12,
+            rate: None,
+            consumer_rate: None,
+            confirm: None,
+            qos: None,
+            multi_ack_every: None,
+            autoack: false,
+            flags: Vec::new(),
+            quorum_queue: false,
+            queue_args: None,
+            auto_delete: None,
+            pmessages: None,
+            cmessages: None,
+            time: None,
+            use_millis: false,
+        }
+    }
+}
+
+/// The pattern's `%d`, as in PerfTest (which uses `String.format`).
+const PATTERN_NUMBER: &str = "%d";
+
+/// Queue names longer than AMQP's short-string limit cannot be declared.
+const QUEUE_NAME_LEN_MAX: usize = 255;
+
+impl Workload {
+    /// Checks what the flags cannot express on their own.
+    ///
+    /// # Errors
+    /// [`PerfError::Args`] naming the flag to fix.
+    pub fn validate(&self) -> Result<(), PerfError> {
+        let fail = |text: String| Err(PerfError::Args(text));
+        if let Some(pattern) = &self.queue_pattern {
+            if !pattern.contains(PATTERN_NUMBER) {
+                return fail(format!("--queue-pattern '{pattern}' has no %d"));
+            }
+            let Some(to) = self.queue_pattern_to else {
+                return fail("--queue-pattern needs --queue-pattern-to".into());
+            };
+            if to < self.queue_pattern_from {
+                return fail(format!(
+                    "--queue-pattern-to {to} is below --queue-pattern-from {}",
+                    self.queue_pattern_from
+                ));
+            }
+        }
+        if self.queue_names().iter().any(|name| name.len() > QUEUE_NAME_LEN_MAX) {
+            return fail("queue names are limited to 255 bytes".into());
+        }
+        if self.producers == 0 && self.consumers == 0 {
+            return fail("nothing to do: --producers and --consumers are both 0".into());
+        }
+        if let Some(time) = self.time {
+            if !(time.is_finite() && time > 0.0) {
+                return fail(format!("--time {time} is not a positive number of seconds"));
+            }
+        }
+        if self.exchange.is_empty() && self.named_queues() && self.routing_key.is_some() {
+            return fail("with the default exchange (-e '') the routing key is the queue name; drop --routing-key".into());
+        }
+        Ok(())
+    }
+
+    /// Whether queues are named (`--queue` or a pattern) rather than one server-named queue
+    /// per consumer.
+    pub fn named_queues(&self) -> bool {
+        self.queue.is_some() || self.queue_pattern.is_some()
+    }
+
+    /// The named queues, in pattern order; empty with server-named queues.
+    pub fn queue_names(&self) -> Vec<String> {
+        if let Some(queue) = &self.queue {
+            return vec![queue.clone()];
+        }
+        match (&self.queue_pattern, self.queue_pattern_to) {
+            (Some(pattern), Some(to)) => (self.queue_pattern_from..=to)
+                .map(|number| pattern.replacen(PATTERN_NUMBER, &number.to_string(), 1))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn persistent(&self) -> bool {
+        self.quorum_queue || self.flags.contains(&Flag::Persistent)
+    }
+
+    pub fn mandatory(&self) -> bool {
+        self.flags.contains(&Flag::Mandatory)
+    }
+
+    /// PerfTest declares queues durable when messages are persistent.
+    pub fn durable_queues(&self) -> bool {
+        self.persistent()
+    }
+
+    /// PerfTest's default is auto-delete; quorum queues cannot be auto-delete.
+    pub fn auto_delete_queues(&self) -> bool {
+        self.auto_delete.unwrap_or(!self.quorum_queue)
+    }
+
+    /// `--queue-args`, plus `x-queue-type=quorum` with `--quorum-queue`.
+    pub fn queue_arguments(&self) -> Vec<QueueArgument> {
+        let mut arguments = self.queue_args.clone().unwrap_or_default();
+        if self.quorum_queue && !arguments.iter().any(|a| a.key() == "x-queue-type") {
+            arguments.push(QueueArgument::Text("x-queue-type".into(), "quorum".into()));
+        }
+        arguments
+    }
+
+    /// The queue consumer `index` reads from (round-robin over the named queues).
+    pub fn consumer_queue(&self, index: u32, names: &[String]) -> Option<String> {
+        (!names.is_empty()).then(|| names[index as usize % names.len()].clone())
+    }
+
+    /// The routing key producer `index` publishes with. `run_key` is the run's random key,
+    /// used with server-named queues when no `--routing-key` is given.
+    pub fn producer_routing_key(&self, index: u32, names: &[String], run_key: &str) -> String {
+        if let Some(key) = &self.routing_key {
+            return key.clone();
+        }
+        if names.is_empty() {
+            return run_key.to_owned();
+        }
+        names[index as usize % names.len()].clone()
+    }
+
+    /// The key a named queue is bound with.
+    pub fn binding_key(&self, queue: &str) -> String {
+        self.routing_key.clone().unwrap_or_else(|| queue.to_owned())
+    }
+
+    /// A one-line description for reports, e.g. "20 producers × 1000 msg/s, 10 queues, 20
+    /// consumers, 1000 B, confirms 100, prefetch 1000".
+    pub fn describe(&self) -> String {
+        let mut text = format!("{} producers", self.producers);
+        if let Some(rate) = self.rate {
+            text += &format!(" × {rate} msg/s");
+        }
+        let queues = self.queue_names().len();
+        if queues > 0 {
+            text += &format!(", {queues} queues");
+        }
+        text += &format!(", {} consumers, {} B", self.consumers, self.size);
+        text += &match self.confirm {
+            None => ", no confirms".to_owned(),
+            Some(0) => ", confirms (no limit)".to_owned(),
+            Some(limit) => format!(", confirms {limit}"),
+        };
+        if let Some(qos) = self.qos {
+            text += &format!(", prefetch {qos}");
+        }
+        if let Some(every) = self.multi_ack_every {
+            text += &format!(", multi-ack every {every}");
+        }
+        if self.autoack {
+            text += ", autoack";
+        }
+        if self.quorum_queue {
+            text += ", quorum queues";
+        }
+        if self.persistent() {
+            text += ", persistent";
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_spreads_clients_over_queues() {
+        let workload = Workload {
+            queue_pattern: Some("q-%d".into()),
+            queue_pattern_from: 3,
+            queue_pattern_to: Some(5),
+            ..Workload::default()
+        };
+        workload.validate().unwrap();
+        let names = workload.queue_names();
+        assert_eq!(names, ["q-3", "q-4", "q-5"]);
+        assert_eq!(workload.consumer_queue(4, &names).unwrap(), "q-4");
+        assert_eq!(workload.producer_routing_key(2, &names, "run"), "q-5");
+        assert_eq!(workload.binding_key("q-3"), "q-3");
+    }
+
+    #[test]
+    fn workload_server_named_queues_share_the_run_key() {
+        let workload = Workload::default();
+        assert!(workload.queue_names().is_empty());
+        assert_eq!(workload.consumer_queue(0, &[]), None);
+        assert_eq!(workload.producer_routing_key(7, &[], "run-key"), "run-key");
+    }
+
+    #[test]
+    fn workload_quorum_queue_shortcut() {
+        let workload = Workload {
+            quorum_queue: true,
+            ..Workload::default()
+        };
+        assert!(workload.durable_queues() && workload.persistent());
+        assert!(!workload.auto_delete_queues());
+        assert_eq!(
+            workload.queue_arguments(),
+            [QueueArgument::Text("x-queue-type".into(), "quorum".into())]
+        );
+    }
+}
