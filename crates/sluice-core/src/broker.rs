@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::consumer::ConnectionId;
+use crate::definitions::{DefinitionStore, Definitions};
 use crate::vhost::VirtualHost;
 
 pub struct User {
@@ -37,6 +38,7 @@ pub struct BrokerSettings {
 
 pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<VirtualHost>>>,
+    store: Option<Arc<DefinitionStore>>,
     users: RwLock<HashMap<String, User>>,
     next_connection_id: AtomicU64,
 }
@@ -45,11 +47,28 @@ impl Broker {
     /// A node with the default vhost and user, as RabbitMQ creates them on
     /// first start.
     pub fn new(settings: &BrokerSettings) -> Self {
+        Self::open(settings, None)
+    }
+
+    /// A node whose durable state lives in `store`: the vhosts saved there
+    /// come back with their durable exchanges, queues, messages and bindings.
+    pub fn open(
+        settings: &BrokerSettings,
+        store: Option<(Arc<DefinitionStore>, Definitions)>,
+    ) -> Self {
+        let (store, definitions) = match store {
+            Some((store, definitions)) => (Some(store), definitions),
+            None => (None, Definitions::default()),
+        };
         let broker = Broker {
             vhosts: RwLock::new(HashMap::new()),
+            store,
             users: RwLock::new(HashMap::new()),
             next_connection_id: AtomicU64::new(1),
         };
+        for (name, vhost_definitions) in &definitions.vhosts {
+            broker.add_vhost(name).recover(vhost_definitions);
+        }
         broker.add_vhost(&settings.default_vhost);
         broker.add_user(
             &settings.default_user,
@@ -67,7 +86,7 @@ impl Broker {
         Arc::clone(
             vhosts
                 .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(VirtualHost::new(name))),
+                .or_insert_with(|| Arc::new(VirtualHost::with_store(name, self.store.clone()))),
         )
     }
 

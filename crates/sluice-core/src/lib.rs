@@ -1,9 +1,12 @@
-//! The broker core: what a node knows and does, without any I/O.
+//! The broker core: what a node knows and does. Its only I/O is through
+//! `sluice-store` (journals of durable queues, definitions).
 //!
 //! - [`broker`]: the node's vhosts and users, and authentication.
 //! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: a classic queue, dispatching to consumers inline.
+//! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
+//! - [`queue_journal`]: a durable queue's persistent messages and acks on disk.
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
@@ -13,9 +16,11 @@
 pub mod arguments;
 pub mod broker;
 pub mod consumer;
+pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod message;
 pub mod queue;
+pub mod queue_journal;
 pub mod queue_limits;
 pub mod vhost;

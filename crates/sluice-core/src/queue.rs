@@ -15,6 +15,7 @@ use amq_protocol::types::FieldTable;
 use crate::consumer::{ConnectionId, Consumer};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
+use crate::queue_journal::{Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
 
 /// A message in a queue, or out with a consumer. `offset` orders messages
@@ -24,6 +25,8 @@ pub struct QueuedMessage {
     pub offset: u64,
     pub message: Arc<Message>,
     pub redelivered: bool,
+    /// The journal segment holding this message, when it is persisted.
+    pub segment: Option<u64>,
 }
 
 /// What a queue was declared with; compared on redeclaration.
@@ -36,9 +39,11 @@ pub struct QueueOptions {
 }
 
 /// What became of a message offered to a queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum PublishOutcome {
-    Enqueued,
+    /// In the queue; persisted when a durability ticket comes with it, and
+    /// safe to confirm once that ticket is synced.
+    Enqueued(Option<Durability>),
     /// The queue is full and its overflow is reject-publish: publishers
     /// with confirms get a nack.
     Rejected,
@@ -49,6 +54,8 @@ pub struct Queue {
     pub vhost: Arc<str>,
     pub options: QueueOptions,
     pub limits: QueueLimits,
+    /// The journal directory of a durable queue.
+    pub store_id: Option<String>,
     state: Mutex<QueueState>,
     deleted: AtomicBool,
 }
@@ -67,6 +74,21 @@ struct QueueState {
     /// Auto-delete queues go when their last consumer goes, but only once
     /// they have had one (RabbitMQ semantics).
     had_consumer: bool,
+    /// Durable queues journal their persistent messages.
+    journal: Option<QueueJournal>,
+}
+
+impl QueueState {
+    /// Messages that left the queue for good are acked in the journal.
+    fn forget<'a>(&mut self, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.append_acks(
+                messages
+                    .into_iter()
+                    .filter_map(|entry| entry.segment.map(|segment| (entry.offset, segment))),
+            );
+        }
+    }
 }
 
 /// The outcome of removing a consumer.
@@ -89,9 +111,37 @@ impl Queue {
             vhost,
             options,
             limits,
+            store_id: None,
             state: Mutex::new(QueueState::default()),
             deleted: AtomicBool::new(false),
         }
+    }
+
+    /// A durable queue: with a journal, and the messages recovered from it.
+    pub fn with_journal(
+        name: Arc<str>,
+        vhost: Arc<str>,
+        options: QueueOptions,
+        limits: QueueLimits,
+        recovered: RecoveredQueue,
+    ) -> Self {
+        let queue = Queue::new(name, vhost, options, limits);
+        {
+            let mut state = queue.lock();
+            state.ready_bytes = recovered
+                .messages
+                .iter()
+                .map(|entry| entry.message.body_size() as u64)
+                .sum();
+            state.ready = recovered.messages.into();
+            state.next_offset = recovered.next_offset;
+            state.journal = Some(recovered.journal);
+        }
+        queue
+    }
+
+    pub fn is_durable_store(&self) -> bool {
+        self.lock().journal.is_some()
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -126,7 +176,7 @@ impl Queue {
         let mut state = self.lock();
         if self.is_deleted() {
             // Routed to a queue being deleted: lost with it, as in RabbitMQ.
-            return PublishOutcome::Enqueued;
+            return PublishOutcome::Enqueued(None);
         }
         if self.limits.is_limited() && self.limits.overflow != Overflow::DropHead {
             let length_after = state.ready.len() as u64 + 1;
@@ -137,17 +187,32 @@ impl Queue {
         }
         let offset = state.next_offset;
         state.next_offset += 1;
+        let mut durability = None;
+        let mut segment = None;
+        if message.properties.is_persistent() {
+            if let Some(journal) = state.journal.as_mut() {
+                match journal.append_message(offset, &message) {
+                    Some((written_to, ticket)) => {
+                        segment = Some(written_to);
+                        durability = Some(ticket);
+                    }
+                    // The journal failed: the message cannot be made durable.
+                    None => return PublishOutcome::Rejected,
+                }
+            }
+        }
         state.ready_bytes += message.body_size() as u64;
         state.ready.push_back(QueuedMessage {
             offset,
             message,
             redelivered: false,
+            segment,
         });
         self.dispatch_locked(&mut state);
         if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
-        PublishOutcome::Enqueued
+        PublishOutcome::Enqueued(durability)
     }
 
     /// Drops the oldest ready messages until the queue is within its limits.
@@ -160,6 +225,7 @@ impl Queue {
                 break;
             };
             state.ready_bytes -= dropped.message.body_size() as u64;
+            state.forget([&dropped]);
         }
     }
 
@@ -200,11 +266,17 @@ impl Queue {
                     return false;
                 };
                 let body_size = entry.message.body_size() as u64;
+                let persisted = entry.segment.map(|segment| (entry.offset, segment));
                 match consumer.sink.deliver(&consumer, self, entry) {
                     Ok(()) => {
                         state.ready_bytes -= body_size;
                         if !consumer.no_ack {
                             state.unacked += 1;
+                        } else if let (Some(persisted), Some(journal)) =
+                            (persisted, state.journal.as_mut())
+                        {
+                            // Sent without ack: settled as it leaves.
+                            journal.append_acks([persisted]);
                         }
                         state.round_robin = state.round_robin.wrapping_add(step + 1);
                         return true;
@@ -224,16 +296,26 @@ impl Queue {
         state.ready_bytes -= entry.message.body_size() as u64;
         if !no_ack {
             state.unacked += 1;
+        } else {
+            state.forget([&entry]);
         }
         let remaining = state.ready.len() as u32;
         Some((entry, remaining))
     }
 
-    /// Consumers acked (or rejected without requeue) this many messages.
-    /// The ack freed prefetch room, so this also delivers what it can: one
-    /// lock for both.
-    pub fn settle(self: &Arc<Self>, count: u64) {
+    /// Consumers acked (or rejected without requeue) these messages. The
+    /// ack freed prefetch room, so this also delivers what it can: one lock
+    /// for both.
+    pub fn settle<'a>(self: &Arc<Self>, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
         let mut state = self.lock();
+        let mut count = 0;
+        let messages = messages.into_iter().inspect(|_| count += 1);
+        if state.journal.is_some() {
+            let collected: Vec<&QueuedMessage> = messages.collect();
+            state.forget(collected);
+        } else {
+            messages.for_each(drop);
+        }
         state.unacked = state.unacked.saturating_sub(count);
         self.dispatch_locked(&mut state);
     }
@@ -311,7 +393,8 @@ impl Queue {
     pub fn purge(&self) -> u32 {
         let mut state = self.lock();
         let purged = state.ready.len() as u32;
-        state.ready.clear();
+        let ready = std::mem::take(&mut state.ready);
+        state.forget(&ready);
         state.ready_bytes = 0;
         purged
     }
@@ -342,6 +425,9 @@ impl Queue {
         let dropped = state.ready.len() as u32;
         state.ready.clear();
         state.ready_bytes = 0;
+        if let Some(journal) = state.journal.take() {
+            journal.destroy();
+        }
         (std::mem::take(&mut state.consumers), dropped)
     }
 }

@@ -11,10 +11,16 @@ use crate::arguments::{
     check_equivalence, inequivalent_flag, EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
 use crate::consumer::{ConnectionId, Consumer};
+use crate::definitions::{
+    new_store_id, BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition,
+    VhostDefinitions,
+};
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
 use crate::queue::{Queue, QueueOptions};
+use crate::queue_journal::QueueJournal;
 use crate::queue_limits::QueueLimits;
+use sluice_wire::reply_code::ReplyCode;
 
 /// Exchange-to-exchange bindings may form cycles; the routing walk visits each
 /// exchange once, and stops at this depth so a pathological chain costs a
@@ -101,6 +107,9 @@ pub struct VirtualHost {
     pub name: Arc<str>,
     exchanges: RwLock<HashMap<Arc<str>, Arc<Exchange>>>,
     queues: RwLock<HashMap<Arc<str>, Arc<Queue>>>,
+    /// Where durable definitions and queue journals go; None keeps
+    /// everything in memory.
+    store: Option<Arc<DefinitionStore>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -116,10 +125,16 @@ impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
     /// RabbitMQ vhost has.
     pub fn new(name: &str) -> Self {
+        Self::with_store(name, None)
+    }
+
+    /// A vhost whose durable definitions and messages live in `store`.
+    pub fn with_store(name: &str, store: Option<Arc<DefinitionStore>>) -> Self {
         let vhost = VirtualHost {
             name: Arc::from(name),
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
+            store,
         };
         let standard = [
             ("", ExchangeKind::Direct),
@@ -250,7 +265,12 @@ impl VirtualHost {
             declaration.internal,
             declaration.arguments,
         );
+        let durable = exchange.durable;
         exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+        drop(exchanges);
+        if durable {
+            self.persist();
+        }
         Ok(())
     }
 
@@ -282,6 +302,10 @@ impl VirtualHost {
         exchanges.remove(name);
         let emptied = Self::remove_destination_locked(&exchanges, &destination);
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
+        drop(exchanges);
+        if exchange.durable {
+            self.persist();
+        }
         Ok(())
     }
 
@@ -386,13 +410,43 @@ impl VirtualHost {
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments,
         };
-        let queue = Arc::new(Queue::new(
-            Arc::clone(&name),
-            Arc::clone(&self.name),
-            options,
-            limits,
-        ));
+        let journaled = match &self.store {
+            Some(store) if options.durable && options.exclusive_owner.is_none() => Some(store),
+            _ => None,
+        };
+        let queue = match journaled {
+            Some(store) => {
+                let store_id = new_store_id();
+                let recovered =
+                    QueueJournal::recover(&store.queue_dir(&store_id), Arc::clone(&store.group))
+                        .map_err(|error| {
+                            AmqpError::new(
+                                ReplyCode::InternalError,
+                                format!("cannot create the journal of {what}: {error}"),
+                            )
+                        })?;
+                let mut queue = Queue::with_journal(
+                    Arc::clone(&name),
+                    Arc::clone(&self.name),
+                    options,
+                    limits,
+                    recovered,
+                );
+                queue.store_id = Some(store_id);
+                Arc::new(queue)
+            }
+            None => Arc::new(Queue::new(
+                Arc::clone(&name),
+                Arc::clone(&self.name),
+                options,
+                limits,
+            )),
+        };
         queues.insert(name, Arc::clone(&queue));
+        drop(queues);
+        if queue.store_id.is_some() {
+            self.persist();
+        }
         Ok((queue, true))
     }
 
@@ -461,6 +515,10 @@ impl VirtualHost {
             &Destination::Queue(Arc::clone(&queue.name)),
         );
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
+        drop(exchanges);
+        if queue.store_id.is_some() {
+            self.persist();
+        }
         (dropped, consumers)
     }
 
@@ -504,7 +562,11 @@ impl VirtualHost {
             arguments,
         };
         let result = exchange.routing_mut().bind(binding);
-        result.map(|_| ()).map_err(AmqpError::precondition_failed)
+        let added = result.map_err(AmqpError::precondition_failed)?;
+        if added && exchange.durable {
+            self.persist();
+        }
+        Ok(())
     }
 
     /// queue.unbind and exchange.unbind. Unbinding what is not bound
@@ -532,6 +594,9 @@ impl VirtualHost {
         if now_empty && exchange.auto_delete {
             let mut exchanges = write(&self.exchanges);
             Self::delete_auto_delete_exchanges(&mut exchanges, vec![Arc::clone(&exchange.name)]);
+        }
+        if exchange.durable {
+            self.persist();
         }
         Ok(())
     }
@@ -632,6 +697,156 @@ impl VirtualHost {
                 }
             }
             index += 1;
+        }
+    }
+}
+
+impl VirtualHost {
+    /// What of this vhost survives a restart: durable exchanges other than
+    /// the standard ones, journaled queues, and bindings between durable ends.
+    pub fn durable_definitions(&self) -> VhostDefinitions {
+        let exchanges = read(&self.exchanges);
+        let queues = read(&self.queues);
+        let mut definitions = VhostDefinitions::default();
+        for exchange in exchanges.values() {
+            if exchange.durable && !exchange.is_default() && !exchange.name.starts_with("amq.") {
+                definitions.exchanges.push(ExchangeDefinition {
+                    name: exchange.name.to_string(),
+                    kind: exchange.kind.as_str().to_owned(),
+                    auto_delete: exchange.auto_delete,
+                    internal: exchange.internal,
+                    arguments: exchange.arguments.clone(),
+                });
+            }
+        }
+        for queue in queues.values() {
+            if let Some(store_id) = &queue.store_id {
+                definitions.queues.push(QueueDefinition {
+                    name: queue.name.to_string(),
+                    store_id: store_id.clone(),
+                    auto_delete: queue.options.auto_delete,
+                    arguments: queue.options.arguments.clone(),
+                });
+            }
+        }
+        for exchange in exchanges.values().filter(|exchange| exchange.durable) {
+            for binding in exchange.bindings() {
+                let (destination_type, durable) = match &binding.destination {
+                    Destination::Queue(name) => (
+                        "queue",
+                        queues
+                            .get(name)
+                            .is_some_and(|queue| queue.store_id.is_some()),
+                    ),
+                    Destination::Exchange(name) => (
+                        "exchange",
+                        exchanges.get(name).is_some_and(|other| other.durable),
+                    ),
+                };
+                if durable {
+                    definitions.bindings.push(BindingDefinition {
+                        source: exchange.name.to_string(),
+                        destination: binding.destination.name().to_owned(),
+                        destination_type: destination_type.to_owned(),
+                        routing_key: binding.routing_key,
+                        arguments: binding.arguments,
+                    });
+                }
+            }
+        }
+        // A stable order, so an unchanged vhost is recognised and not rewritten.
+        definitions.exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+        definitions.queues.sort_by(|a, b| a.name.cmp(&b.name));
+        definitions.bindings.sort_by(|a, b| {
+            (&a.source, &a.destination, &a.routing_key).cmp(&(
+                &b.source,
+                &b.destination,
+                &b.routing_key,
+            ))
+        });
+        definitions
+    }
+
+    fn persist(&self) {
+        if let Some(store) = &self.store {
+            store.save_vhost(&self.name, self.durable_definitions());
+        }
+    }
+
+    /// Rebuilds durable exchanges, queues (with their journals) and bindings
+    /// saved by an earlier run. A queue whose journal cannot be read is
+    /// skipped with an error in the log rather than stopping the node.
+    pub fn recover(&self, definitions: &VhostDefinitions) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        {
+            let mut exchanges = write(&self.exchanges);
+            for definition in &definitions.exchanges {
+                let Some(kind) = ExchangeKind::parse(&definition.kind) else {
+                    tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+                    continue;
+                };
+                let exchange = Exchange::new(
+                    &definition.name,
+                    kind,
+                    true,
+                    definition.auto_delete,
+                    definition.internal,
+                    definition.arguments.clone(),
+                );
+                exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+            }
+        }
+        {
+            let mut queues = write(&self.queues);
+            for definition in &definitions.queues {
+                let what = self.describe_queue(&definition.name);
+                let limits =
+                    QueueLimits::from_arguments(&definition.arguments, &what).unwrap_or_default();
+                let recovered = match QueueJournal::recover(
+                    &store.queue_dir(&definition.store_id),
+                    Arc::clone(&store.group),
+                ) {
+                    Ok(recovered) => recovered,
+                    Err(error) => {
+                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
+                        continue;
+                    }
+                };
+                tracing::info!(queue = %definition.name, vhost = %self.name, messages = recovered.messages.len(), "recovered queue");
+                let options = QueueOptions {
+                    durable: true,
+                    exclusive_owner: None,
+                    auto_delete: definition.auto_delete,
+                    arguments: definition.arguments.clone(),
+                };
+                let name: Arc<str> = Arc::from(definition.name.as_str());
+                let mut queue = Queue::with_journal(
+                    Arc::clone(&name),
+                    Arc::clone(&self.name),
+                    options,
+                    limits,
+                    recovered,
+                );
+                queue.store_id = Some(definition.store_id.clone());
+                queues.insert(name, Arc::new(queue));
+            }
+        }
+        for definition in &definitions.bindings {
+            let destination = match definition.destination_type.as_str() {
+                "exchange" => Destination::Exchange(Arc::from(definition.destination.as_str())),
+                _ => Destination::Queue(Arc::from(definition.destination.as_str())),
+            };
+            if let Err(error) = self.bind(
+                &definition.source,
+                destination,
+                &definition.routing_key,
+                definition.arguments.clone(),
+                0,
+            ) {
+                tracing::error!(source = %definition.source, destination = %definition.destination, %error, "skipping a binding");
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! assembled, confirm and tx modes, consumers, and the methods that act on
 //! exchanges, queues and messages.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
+use sluice_core::queue_journal::Durability;
 use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::{
@@ -38,12 +39,26 @@ struct PendingContent {
 }
 
 /// Publisher confirms: sequence numbers and the acks not yet written, so one
-/// basic.ack with multiple can cover every publish of a read batch.
+/// basic.ack with multiple can cover every publish of a read batch or of a
+/// sync round.
 #[derive(Default)]
 struct Confirms {
     next_sequence: u64,
+    /// Every publish up to here is confirmed; those after `sent_through`
+    /// still need their basic.ack written.
     confirmed_through: u64,
     sent_through: u64,
+    /// Publishes that cannot be acked yet (persistent messages waiting for
+    /// fsync) or that will be nacked, in sequence order. Anything published
+    /// after the first of them waits behind it, so that an ack with multiple
+    /// never covers a publish that is not confirmed.
+    waiting: VecDeque<WaitingConfirm>,
+}
+
+struct WaitingConfirm {
+    sequence: u64,
+    durability: Vec<Durability>,
+    rejected: bool,
 }
 
 /// Work buffered by a channel in tx mode until tx.commit.
@@ -327,45 +342,76 @@ impl Channel {
             });
         }
         let mut rejected = false;
+        let mut durability = Vec::new();
         for queue in self.route_queues.drain(..) {
-            rejected |= queue.publish(Arc::clone(&message)) == PublishOutcome::Rejected;
-        }
-        if self.confirms.is_some() {
-            if rejected {
-                // Acks for earlier publishes go out first, so that a multiple
-                // ack never covers this nack.
-                self.flush_confirms(context);
-            }
-            if let Some(confirms) = self.confirms.as_mut() {
-                confirms.next_sequence += 1;
-                confirms.confirmed_through = confirms.next_sequence;
-                if rejected {
-                    confirms.sent_through = confirms.next_sequence;
-                    let sequence = confirms.next_sequence;
-                    context
-                        .outbox
-                        .append(|out| encode_confirm(out, self.id, sequence, false, false));
-                }
+            match queue.publish(Arc::clone(&message)) {
+                PublishOutcome::Enqueued(None) => {}
+                PublishOutcome::Enqueued(Some(ticket)) => durability.push(ticket),
+                PublishOutcome::Rejected => rejected = true,
             }
         }
+        if let Some(confirms) = self.confirms.as_mut() {
+            confirms.next_sequence += 1;
+            let sequence = confirms.next_sequence;
+            if confirms.waiting.is_empty() && durability.is_empty() && !rejected {
+                confirms.confirmed_through = sequence;
+            } else {
+                confirms.waiting.push_back(WaitingConfirm {
+                    sequence,
+                    durability,
+                    rejected,
+                });
+            }
+        }
+        let _ = context;
         Ok(())
+    }
+
+    /// Whether confirms wait for a sync round.
+    pub fn has_waiting_confirms(&self) -> bool {
+        self.confirms
+            .as_ref()
+            .is_some_and(|confirms| !confirms.waiting.is_empty())
     }
 
     /// Writes the confirms accumulated while handling a batch of frames: one
     /// basic.ack with multiple for a run of publishes.
     pub fn flush_confirms(&mut self, context: &ConnectionContext) {
+        let channel_id = self.id;
         let Some(confirms) = self.confirms.as_mut() else {
             return;
         };
-        if confirms.confirmed_through == confirms.sent_through {
-            return;
+        let write_acks = |confirms: &mut Confirms| {
+            if confirms.confirmed_through == confirms.sent_through {
+                return;
+            }
+            let multiple = confirms.confirmed_through - confirms.sent_through > 1;
+            let delivery_tag = confirms.confirmed_through;
+            confirms.sent_through = confirms.confirmed_through;
+            context
+                .outbox
+                .append(|out| encode_confirm(out, channel_id, delivery_tag, multiple, true));
+        };
+        while let Some(front) = confirms.waiting.front() {
+            let failed = front.rejected || front.durability.iter().any(Durability::has_failed);
+            if failed {
+                // Acks for earlier publishes go out first, so that a
+                // multiple ack never covers this nack.
+                let sequence = front.sequence;
+                write_acks(confirms);
+                context
+                    .outbox
+                    .append(|out| encode_confirm(out, channel_id, sequence, false, false));
+                confirms.confirmed_through = sequence;
+                confirms.sent_through = sequence;
+            } else if front.durability.iter().all(Durability::is_synced) {
+                confirms.confirmed_through = front.sequence;
+            } else {
+                break;
+            }
+            confirms.waiting.pop_front();
         }
-        let multiple = confirms.confirmed_through - confirms.sent_through > 1;
-        let delivery_tag = confirms.confirmed_through;
-        confirms.sent_through = confirms.confirmed_through;
-        context
-            .outbox
-            .append(|out| encode_confirm(out, self.id, delivery_tag, multiple, true));
+        write_acks(confirms);
     }
 
     // ----- acknowledgements -----
@@ -979,7 +1025,7 @@ fn settle_by_queue(acked: Vec<Unacked>, settled_queues: &mut Vec<Arc<Queue>>) {
             .iter()
             .take_while(|entry| Arc::ptr_eq(&entry.queue, queue))
             .count();
-        queue.settle(run as u64);
+        queue.settle(acked[start..start + run].iter().map(|entry| &entry.entry));
         if !settled_queues.iter().any(|known| Arc::ptr_eq(known, queue)) {
             settled_queues.push(Arc::clone(queue));
         }

@@ -47,6 +47,9 @@ pub struct Connection {
     /// after the output buffer drains.
     consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>>,
     closing: bool,
+    /// Changes after every sync round: time to look at confirms that wait
+    /// for persistent messages to be on disk.
+    durable_rounds: watch::Receiver<u64>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -56,6 +59,7 @@ pub async fn serve(
     broker: Arc<Broker>,
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
+    durable_rounds: watch::Receiver<u64>,
 ) {
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
@@ -116,6 +120,7 @@ pub async fn serve(
         heartbeat,
         consumer_queues,
         closing: false,
+        durable_rounds,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -210,6 +215,9 @@ impl Connection {
                         return;
                     }
                 },
+                _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                    self.flush_waiting_confirms();
+                }
                 _ = shutdown.changed(), if !self.closing => {
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
@@ -249,6 +257,18 @@ impl Connection {
                 method_id,
             })),
         );
+    }
+
+    fn has_waiting_confirms(&self) -> bool {
+        self.channels.values().any(Channel::has_waiting_confirms)
+    }
+
+    fn flush_waiting_confirms(&mut self) {
+        for channel in self.channels.values_mut() {
+            if channel.has_waiting_confirms() {
+                channel.flush_confirms(&self.context);
+            }
+        }
     }
 
     fn flush_confirms(&mut self) {

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::broker::{Broker, BrokerSettings};
+use sluice_core::definitions::DefinitionStore;
+use sluice_store::GroupCommit;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -20,6 +22,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    #[error("cannot open the data directory")]
+    Store(#[source] sluice_store::StoreError),
     #[error("cannot listen on {address}")]
     Bind {
         address: SocketAddr,
@@ -34,6 +38,7 @@ pub struct RunningServer {
     pub broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    group_commit: Arc<GroupCommit>,
 }
 
 impl RunningServer {
@@ -41,6 +46,9 @@ impl RunningServer {
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        // Write what the last publishes buffered before the process goes.
+        let group_commit = self.group_commit;
+        let _ = tokio::task::spawn_blocking(move || group_commit.stop()).await;
     }
 }
 
@@ -56,12 +64,26 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         address: config.listen,
         source,
     })?;
-    let broker = Arc::new(Broker::new(&BrokerSettings {
-        default_user: config.default_user.clone(),
-        default_pass: config.default_pass.clone(),
-        default_vhost: config.default_vhost.clone(),
-        loopback_users: config.loopback_users.clone(),
-    }));
+    // Readers waiting to confirm persistent messages are woken after every
+    // sync round.
+    let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
+    let group_commit = GroupCommit::start(move |round, _failed| {
+        let _ = durable_rounds_sender.send(round);
+    });
+    let (store, definitions) = DefinitionStore::open(&config.data_dir, Arc::clone(&group_commit))
+        .map_err(|error| {
+        group_commit.stop();
+        ServerError::Store(error)
+    })?;
+    let broker = Arc::new(Broker::open(
+        &BrokerSettings {
+            default_user: config.default_user.clone(),
+            default_pass: config.default_pass.clone(),
+            default_vhost: config.default_vhost.clone(),
+            loopback_users: config.loopback_users.clone(),
+        },
+        Some((store, definitions)),
+    ));
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
@@ -70,12 +92,14 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         Arc::clone(&broker),
         settings,
         shutdown_receiver,
+        durable_rounds,
     ));
     Ok(RunningServer {
         local_address,
         broker,
         shutdown,
         task,
+        group_commit,
     })
 }
 
@@ -84,6 +108,7 @@ async fn accept_loop(
     broker: Arc<Broker>,
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
+    durable_rounds: watch::Receiver<u64>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -96,6 +121,7 @@ async fn accept_loop(
                         Arc::clone(&broker),
                         Arc::clone(&settings),
                         shutdown.clone(),
+                        durable_rounds.clone(),
                     ));
                 }
                 Err(error) => {
