@@ -1,0 +1,221 @@
+//! Durable queues across a restart of the server on the same data directory.
+
+mod helpers;
+mod support;
+
+use helpers::*;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, ExchangeKind};
+use support::TestServer;
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+async fn restart(server: TestServer, data_dir: &std::path::Path) -> TestServer {
+    server.stop().await;
+    let data_dir = data_dir.to_path_buf();
+    TestServer::start_with(move |config| config.data_dir = data_dir).await
+}
+
+#[tokio::test]
+async fn durability_persistent_messages_survive_a_restart_and_acked_ones_do_not() {
+    let data_dir = std::env::temp_dir().join(format!("sluice-durability-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let dir = data_dir.clone();
+    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .queue_declare("durable-q".into(), durable(), FieldTable::default())
+        .await
+        .unwrap();
+    channel
+        .queue_declare(
+            "transient-q".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .exchange_declare(
+            "durable-x".into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            "durable-q".into(),
+            "durable-x".into(),
+            "k.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for index in 0..10 {
+        let persistent = index % 2 == 0;
+        let properties = if persistent {
+            BasicProperties::default().with_delivery_mode(2)
+        } else {
+            BasicProperties::default()
+        };
+        let confirm = channel
+            .basic_publish(
+                "durable-x".into(),
+                "k.a".into(),
+                BasicPublishOptions::default(),
+                format!("m{index}").as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+    // Ack the first persistent message; it must not come back.
+    let first = channel
+        .basic_get("durable-q".into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(first.data, b"m0");
+    first.ack(BasicAckOptions::default()).await.unwrap();
+    connection.close(200, "bye".into()).await.unwrap();
+
+    let server = restart(server, &data_dir).await;
+    let (connection, channel) = open(&server).await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let queue = channel
+        .queue_declare("durable-q".into(), passive, FieldTable::default())
+        .await
+        .unwrap();
+    // m2, m4, m6, m8: persistent and not acked. Transient ones are gone.
+    assert_eq!(queue.message_count(), 4);
+    let mut bodies = Vec::new();
+    while let Some(message) = channel
+        .basic_get("durable-q".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        assert!(
+            message.delivery.redelivered,
+            "recovered messages are marked redelivered"
+        );
+        bodies.push(String::from_utf8(message.delivery.data.clone()).unwrap());
+    }
+    assert_eq!(bodies, vec!["m2", "m4", "m6", "m8"]);
+    // The transient queue is gone; the durable exchange and its binding are back.
+    let (code, _) = amqp_error(
+        channel
+            .queue_declare("transient-q".into(), passive, FieldTable::default())
+            .await,
+    );
+    assert_eq!(code, 404);
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .basic_publish(
+            "durable-x".into(),
+            "k.b".into(),
+            BasicPublishOptions::default(),
+            b"after",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        get_body(&channel, "durable-q", true).await.as_deref(),
+        Some(&b"after"[..])
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+
+    // Everything consumed with no-ack: nothing comes back after another restart.
+    let server = restart(server, &data_dir).await;
+    let (connection, channel) = open(&server).await;
+    let queue = channel
+        .queue_declare("durable-q".into(), passive, FieldTable::default())
+        .await
+        .unwrap();
+    assert_eq!(queue.message_count(), 0);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+#[tokio::test]
+async fn durability_deleted_queue_does_not_come_back() {
+    let data_dir =
+        std::env::temp_dir().join(format!("sluice-durability-delete-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let dir = data_dir.clone();
+    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .queue_declare("doomed".into(), durable(), FieldTable::default())
+        .await
+        .unwrap();
+    publish_with(
+        &channel,
+        "",
+        "doomed",
+        b"x",
+        BasicProperties::default().with_delivery_mode(2),
+    )
+    .await;
+    channel
+        .queue_delete("doomed".into(), Default::default())
+        .await
+        .unwrap();
+    connection.close(200, "bye".into()).await.unwrap();
+    let server = restart(server, &data_dir).await;
+    let (_connection, channel) = open(&server).await;
+    let (code, _) = amqp_error(
+        channel
+            .queue_declare(
+                "doomed".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await,
+    );
+    assert_eq!(code, 404);
+    assert!(
+        std::fs::read_dir(data_dir.join("queues"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the journal directory was deleted"
+    );
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
