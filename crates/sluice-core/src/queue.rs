@@ -49,6 +49,17 @@ pub enum PublishOutcome {
     Rejected,
 }
 
+/// A queue with consumers is congested while more than this many messages
+/// wait in it: its consumers are not keeping up, and publishers into it are
+/// paused (their sockets are not read) until it drains to half of this. At
+/// 100k msg/s this is about 40 ms of backlog; for a slow consumer it is a
+/// buffer for bursts. Queues without consumers never pause publishers: they
+/// are buffers, bounded by the memory and disk alarms.
+pub const FLOW_BACKLOG_MESSAGES: usize = 4096;
+
+/// The same bound in body bytes, for large messages.
+pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
+
 pub struct Queue {
     pub name: Arc<str>,
     pub vhost: Arc<str>,
@@ -58,6 +69,10 @@ pub struct Queue {
     pub store_id: Option<String>,
     state: Mutex<QueueState>,
     deleted: AtomicBool,
+    /// Set while the backlog is over the flow bound and consumers exist.
+    congested: AtomicBool,
+    /// Woken when the queue stops being congested.
+    uncongested: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -114,6 +129,49 @@ impl Queue {
             store_id: None,
             state: Mutex::new(QueueState::default()),
             deleted: AtomicBool::new(false),
+            congested: AtomicBool::new(false),
+            uncongested: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Whether publishers into this queue should pause: it has consumers
+    /// and they are not keeping up.
+    pub fn is_congested(&self) -> bool {
+        self.congested.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the queue stops being congested; create it before
+    /// checking [`Queue::is_congested`] so no wake-up is missed.
+    pub fn uncongested(&self) -> tokio::sync::futures::Notified<'_> {
+        self.uncongested.notified()
+    }
+
+    /// Whether a consumer of this queue reads through `connection_id`: that
+    /// connection must never be paused for this queue, or it would stop
+    /// reading the acks that drain it.
+    pub fn has_consumer_on(&self, connection_id: ConnectionId) -> bool {
+        self.lock()
+            .consumers
+            .iter()
+            .any(|consumer| consumer.connection_id == connection_id)
+    }
+
+    /// Re-evaluates congestion after the backlog or the consumers changed.
+    fn update_congestion(&self, state: &QueueState) {
+        let congested = self.is_congested();
+        if !congested {
+            let over =
+                state.ready.len() > FLOW_BACKLOG_MESSAGES || state.ready_bytes > FLOW_BACKLOG_BYTES;
+            if over && !state.consumers.is_empty() && !self.is_deleted() {
+                self.congested.store(true, Ordering::Release);
+            }
+        } else {
+            let drained = state.ready.len() <= FLOW_BACKLOG_MESSAGES / 2
+                && state.ready_bytes <= FLOW_BACKLOG_BYTES / 2;
+            if drained || state.consumers.is_empty() || self.is_deleted() {
+                self.congested.store(false, Ordering::Release);
+                self.uncongested.notify_waiters();
+            }
         }
     }
 
@@ -212,6 +270,7 @@ impl Queue {
         if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
+        self.update_congestion(&state);
         PublishOutcome::Enqueued(durability)
     }
 
@@ -241,6 +300,9 @@ impl Queue {
             if !self.deliver_one(state) {
                 break;
             }
+        }
+        if self.is_congested() {
+            self.update_congestion(state);
         }
     }
 
@@ -300,6 +362,9 @@ impl Queue {
             state.forget([&entry]);
         }
         let remaining = state.ready.len() as u32;
+        if self.is_congested() {
+            self.update_congestion(&state);
+        }
         Some((entry, remaining))
     }
 
@@ -379,6 +444,7 @@ impl Queue {
                 && &*consumer.tag == tag
         })?;
         let consumer = state.consumers.remove(index);
+        self.update_congestion(&state);
         let queue_now_unused = self.options.auto_delete
             && state.had_consumer
             && state.consumers.is_empty()
@@ -396,6 +462,7 @@ impl Queue {
         let ready = std::mem::take(&mut state.ready);
         state.forget(&ready);
         state.ready_bytes = 0;
+        self.update_congestion(&state);
         purged
     }
 
@@ -428,6 +495,7 @@ impl Queue {
         if let Some(journal) = state.journal.take() {
             journal.destroy();
         }
+        self.update_congestion(&state);
         (std::mem::take(&mut state.consumers), dropped)
     }
 }

@@ -97,6 +97,9 @@ pub struct Channel {
     last_declared_queue: Option<Arc<str>>,
     route_scratch: RouteScratch,
     route_queues: Vec<Arc<Queue>>,
+    /// Queues this channel published into that are congested: the
+    /// connection stops reading until they drain.
+    congested_queues: Vec<Arc<Queue>>,
 }
 
 /// Where an error arose, for the class and method ids of the close.
@@ -122,6 +125,7 @@ impl Channel {
             last_declared_queue: None,
             route_scratch: RouteScratch::default(),
             route_queues: Vec::new(),
+            congested_queues: Vec::new(),
         }
     }
 
@@ -349,6 +353,14 @@ impl Channel {
                 PublishOutcome::Enqueued(Some(ticket)) => durability.push(ticket),
                 PublishOutcome::Rejected => rejected = true,
             }
+            if queue.is_congested()
+                && !self
+                    .congested_queues
+                    .iter()
+                    .any(|known| Arc::ptr_eq(known, &queue))
+            {
+                self.congested_queues.push(queue);
+            }
         }
         if let Some(confirms) = self.confirms.as_mut() {
             confirms.next_sequence += 1;
@@ -365,6 +377,15 @@ impl Channel {
         }
         let _ = context;
         Ok(())
+    }
+
+    /// The congested queues this channel published into since last asked.
+    pub fn take_congested_queues(&mut self, into: &mut Vec<Arc<Queue>>) {
+        for queue in self.congested_queues.drain(..) {
+            if !into.iter().any(|known| Arc::ptr_eq(known, &queue)) {
+                into.push(queue);
+            }
+        }
     }
 
     /// Whether confirms wait for a sync round.

@@ -50,6 +50,11 @@ pub struct Connection {
     /// Changes after every sync round: time to look at confirms that wait
     /// for persistent messages to be on disk.
     durable_rounds: watch::Receiver<u64>,
+    /// Congested queues this connection published into; it does not read
+    /// its socket until they drain.
+    congested_queues: Vec<Arc<Queue>>,
+    /// Total time spent paused for congested queues (RabbitMQ's "flow").
+    pub flow_time: Duration,
 }
 
 /// Serves one accepted socket until it closes.
@@ -121,6 +126,8 @@ pub async fn serve(
         consumer_queues,
         closing: false,
         durable_rounds,
+        congested_queues: Vec::new(),
+        flow_time: Duration::ZERO,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -186,6 +193,9 @@ impl Connection {
                 }
             }
             self.flush_confirms();
+            if !self.wait_while_congested(shutdown).await {
+                continue;
+            }
             self.context.outbox.wait_below_reader_pause().await;
             if self.context.outbox.is_broken() {
                 return;
@@ -257,6 +267,48 @@ impl Connection {
                 method_id,
             })),
         );
+    }
+
+    /// Pauses reading while a queue this connection published into is
+    /// congested (its consumers are behind), so the publisher is held to
+    /// the rate the queue drains at. Returns false when shutdown started a
+    /// close during the wait.
+    async fn wait_while_congested(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        for channel in self.channels.values_mut() {
+            channel.take_congested_queues(&mut self.congested_queues);
+        }
+        if self.congested_queues.is_empty() || self.closing {
+            self.congested_queues.clear();
+            return true;
+        }
+        let started = tokio::time::Instant::now();
+        while let Some(queue) = self.congested_queues.last().cloned() {
+            let uncongested = queue.uncongested();
+            tokio::pin!(uncongested);
+            uncongested.as_mut().enable();
+            if !queue.is_congested() || queue.has_consumer_on(self.context.connection_id) {
+                self.congested_queues.pop();
+                continue;
+            }
+            tokio::select! {
+                _ = uncongested => {}
+                _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                    self.flush_waiting_confirms();
+                }
+                _ = shutdown.changed() => {
+                    self.congested_queues.clear();
+                    self.start_close(
+                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                        0,
+                        0,
+                    );
+                    self.flow_time += started.elapsed();
+                    return false;
+                }
+            }
+        }
+        self.flow_time += started.elapsed();
+        true
     }
 
     fn has_waiting_confirms(&self) -> bool {

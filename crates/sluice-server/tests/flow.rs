@@ -1,0 +1,190 @@
+//! Drain-bounded ingress: publishers into a queue whose consumers are behind
+//! are paused, so the backlog stays bounded instead of growing without end.
+
+mod helpers;
+mod support;
+
+use std::time::Duration;
+
+use helpers::*;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use sluice_core::queue::FLOW_BACKLOG_MESSAGES;
+use support::TestServer;
+
+const MESSAGES: usize = 20_000;
+
+async fn message_count(server: &TestServer, queue: &str) -> u32 {
+    let (connection, channel) = open(server).await;
+    let count = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+        .message_count();
+    connection.close(200, "bye".into()).await.unwrap();
+    count
+}
+
+/// Publishes without confirms from its own connection, in the background.
+fn publish_in_background(server: &TestServer, queue: &'static str) -> tokio::task::JoinHandle<()> {
+    let uri = server.uri();
+    tokio::spawn(async move {
+        let connection = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        for _ in 0..MESSAGES {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &[0u8; 100],
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+        }
+        // Wait until the broker has read everything: a declare round trip
+        // is answered only after the publishes before it.
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        connection.close(200, "bye".into()).await.unwrap();
+    })
+}
+
+#[tokio::test]
+async fn flow_publisher_is_paused_while_consumers_are_behind() {
+    let server = TestServer::start().await;
+    let (_consumer_connection, consumer_channel) = open(&server).await;
+    declare(&consumer_channel, "behind").await;
+    consumer_channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    // A consumer that takes one message and never acks it: the queue cannot drain.
+    let consumer = consumer_channel
+        .basic_consume(
+            "behind".into(),
+            "stuck".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let publisher = publish_in_background(&server, "behind");
+    // Wait for the backlog to pass the bound, however slow the machine is,
+    // then give an unthrottled publisher ample time to send everything.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while (message_count(&server, "behind").await as usize) <= FLOW_BACKLOG_MESSAGES {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the backlog never built up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let backlog = message_count(&server, "behind").await as usize;
+    assert!(
+        backlog > FLOW_BACKLOG_MESSAGES && backlog < MESSAGES - FLOW_BACKLOG_MESSAGES,
+        "backlog {backlog} should stop a little past {FLOW_BACKLOG_MESSAGES}"
+    );
+    assert!(!publisher.is_finished(), "the publisher is paused");
+    // The consumer goes: a queue without consumers is a buffer and takes the rest.
+    consumer_channel
+        .basic_cancel("stuck".into(), Default::default())
+        .await
+        .unwrap();
+    drop(consumer);
+    tokio::time::timeout(Duration::from_secs(10), publisher)
+        .await
+        .expect("the publisher resumes")
+        .unwrap();
+    // One message is out with the cancelled consumer, unacked.
+    assert_eq!(
+        message_count(&server, "behind").await as usize,
+        MESSAGES - 1
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn flow_queue_without_consumers_takes_everything() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "buffer").await;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        publish_in_background(&server, "buffer"),
+    )
+    .await
+    .expect("the publisher is never paused")
+    .unwrap();
+    assert_eq!(message_count(&server, "buffer").await as usize, MESSAGES);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn flow_connection_consuming_its_own_queue_is_never_paused() {
+    let server = TestServer::start().await;
+    let (connection, publish_channel) = open(&server).await;
+    declare(&publish_channel, "own").await;
+    let consume_channel = connection.create_channel().await.unwrap();
+    consume_channel
+        .basic_qos(10, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consume_channel
+        .basic_consume(
+            "own".into(),
+            "self".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let acker = tokio::spawn(async move {
+        for _ in 0..MESSAGES {
+            let delivery = next_delivery(&mut consumer).await;
+            delivery.ack(Default::default()).await.unwrap();
+        }
+    });
+    for _ in 0..MESSAGES {
+        publish_channel
+            .basic_publish(
+                "".into(),
+                "own".into(),
+                BasicPublishOptions::default(),
+                &[1u8; 100],
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(30), acker)
+        .await
+        .expect("every message is consumed: no deadlock")
+        .unwrap();
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
