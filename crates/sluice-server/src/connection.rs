@@ -24,7 +24,7 @@ use crate::connection_context::ConnectionContext;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, HandshakeError};
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, WakeBatch};
 use crate::settings::ServerSettings;
 
 /// What handling a frame asks of the connection.
@@ -172,7 +172,9 @@ async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
 impl Connection {
     async fn run(&mut self, reader: &mut FrameReader, shutdown: &mut watch::Receiver<bool>) {
         loop {
-            // Handle every frame already read, then flush their confirms.
+            // Handle every frame already read, then flush their confirms;
+            // writers woken by it all are woken once, at the end.
+            let wake_batch = WakeBatch::begin();
             loop {
                 match reader.next_buffered() {
                     Ok(Some(frame)) => match self.handle_frame(frame) {
@@ -187,12 +189,14 @@ impl Connection {
                         self.flush_confirms();
                         self.start_close(&AmqpError::frame_error(error.to_string()), 0, 0);
                         // The stream is no longer framed: nothing more can be read.
+                        drop(wake_batch);
                         self.wait_for_writer().await;
                         return;
                     }
                 }
             }
             self.flush_confirms();
+            drop(wake_batch);
             if !self.wait_while_congested(shutdown).await {
                 continue;
             }

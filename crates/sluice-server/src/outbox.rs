@@ -5,6 +5,7 @@
 //! writer task swaps it out and writes it with one syscall. Under load many
 //! frames share a write, so the per-message cost of the syscall shrinks.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -18,6 +19,38 @@ use tokio::sync::Notify;
 use crate::limits::{
     OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_READER_PAUSE_BYTES, OUTBOX_RETAINED_BYTES_MAX,
 };
+
+thread_local! {
+    /// Outboxes appended to during the current wake batch on this thread.
+    static DEFERRED_WAKES: RefCell<Option<Vec<Arc<Outbox>>>> = const { RefCell::new(None) };
+}
+
+/// While it lives, appends on this thread wake their writers once, when it
+/// is dropped, instead of once per frame. A reader opens one around the
+/// frames of one socket read: the deliveries and confirms they cause then
+/// leave in one write per connection, not one write per message. It must
+/// not live across an `.await` (the task could move to another thread).
+/// Not `Send`: holding one across an `.await` in a spawned task does not
+/// compile.
+pub struct WakeBatch(std::marker::PhantomData<*const ()>);
+
+impl WakeBatch {
+    pub fn begin() -> Self {
+        DEFERRED_WAKES.with(|deferred| {
+            deferred.borrow_mut().get_or_insert_with(Vec::new);
+        });
+        WakeBatch(std::marker::PhantomData)
+    }
+}
+
+impl Drop for WakeBatch {
+    fn drop(&mut self) {
+        let outboxes = DEFERRED_WAKES.with(|deferred| deferred.borrow_mut().take());
+        for outbox in outboxes.into_iter().flatten() {
+            outbox.has_data.notify_one();
+        }
+    }
+}
 
 pub struct Outbox {
     buffer: Mutex<BytesMut>,
@@ -54,15 +87,15 @@ impl Outbox {
     }
 
     /// Appends frames written by `write` and wakes the writer.
-    pub fn append(&self, write: impl FnOnce(&mut BytesMut)) {
+    pub fn append(self: &Arc<Self>, write: impl FnOnce(&mut BytesMut)) {
         write(&mut self.lock());
-        self.has_data.notify_one();
+        self.wake_writer();
     }
 
     /// Appends a delivery unless the buffer is over its delivery bound, in
     /// which case the refusal is remembered so the connection resumes
     /// deliveries once the writer drains it.
-    pub fn append_delivery(&self, write: impl FnOnce(&mut BytesMut)) -> bool {
+    pub fn append_delivery(self: &Arc<Self>, write: impl FnOnce(&mut BytesMut)) -> bool {
         let mut buffer = self.lock();
         if buffer.len() >= OUTBOX_DELIVERY_BYTES_MAX || self.broken.load(Ordering::Relaxed) {
             self.deliveries_refused.store(true, Ordering::Release);
@@ -70,8 +103,25 @@ impl Outbox {
         }
         write(&mut buffer);
         drop(buffer);
-        self.has_data.notify_one();
+        self.wake_writer();
         true
+    }
+
+    /// Wakes the writer now, or at the end of the current wake batch when
+    /// one is open on this thread.
+    fn wake_writer(self: &Arc<Self>) {
+        let deferred = DEFERRED_WAKES.with(|deferred| match deferred.borrow_mut().as_mut() {
+            Some(outboxes) => {
+                if !outboxes.iter().any(|known| Arc::ptr_eq(known, self)) {
+                    outboxes.push(Arc::clone(self));
+                }
+                true
+            }
+            None => false,
+        });
+        if !deferred {
+            self.has_data.notify_one();
+        }
     }
 
     /// Whether a delivery would be accepted now.
