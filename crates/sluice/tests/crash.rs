@@ -1,0 +1,152 @@
+//! The real `sluice` process killed with SIGKILL while a publisher streams
+//! persistent messages with confirms: every confirmed message is there after
+//! a restart, exactly once.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(port: u16, data_dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the sluice binary starts")
+}
+
+async fn connect(port: u16) -> Connection {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Connection::connect(
+            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            ConnectionProperties::default(),
+        )
+        .await
+        {
+            Ok(connection) => return connection,
+            Err(error) if Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("cannot connect: {error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn crash_confirmed_persistent_messages_survive_sigkill() {
+    let data_dir = std::env::temp_dir().join(format!("sluice-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let port = free_port();
+    let mut broker = start(port, &data_dir);
+    let connection = connect(port).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare("crash".into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+
+    // Stream publishes in windows of 50; kill the broker while they flow.
+    let mut confirmed: HashSet<u32> = HashSet::new();
+    let mut next = 0u32;
+    let started = Instant::now();
+    'publishing: loop {
+        let mut pending = Vec::new();
+        for _ in 0..50 {
+            let body = next.to_be_bytes();
+            match channel
+                .basic_publish(
+                    "".into(),
+                    "crash".into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+            {
+                Ok(confirm) => pending.push((next, confirm)),
+                Err(_) => break 'publishing,
+            }
+            next += 1;
+        }
+        if started.elapsed() > Duration::from_millis(300) && broker.try_wait().unwrap().is_none() {
+            broker.kill().unwrap(); // SIGKILL, with confirms still in flight
+        }
+        for (sequence, confirm) in pending {
+            match confirm.await {
+                Ok(confirmation) if confirmation.is_ack() => {
+                    confirmed.insert(sequence);
+                }
+                _ => break 'publishing,
+            }
+        }
+    }
+    let _ = broker.wait();
+    assert!(
+        !confirmed.is_empty(),
+        "some publishes were confirmed before the kill"
+    );
+
+    let mut broker = start(port, &data_dir);
+    let connection = connect(port).await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut recovered: HashSet<u32> = HashSet::new();
+    while let Some(message) = channel
+        .basic_get("crash".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        let body: [u8; 4] = message.delivery.data[..4].try_into().unwrap();
+        assert!(
+            recovered.insert(u32::from_be_bytes(body)),
+            "a message came back twice"
+        );
+    }
+    eprintln!(
+        "published {next}, confirmed {}, recovered {}",
+        confirmed.len(),
+        recovered.len()
+    );
+    let lost: Vec<&u32> = confirmed.difference(&recovered).collect();
+    assert!(
+        lost.is_empty(),
+        "{} confirmed messages were lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert!(recovered.iter().all(|sequence| *sequence < next));
+    broker.kill().unwrap();
+    let _ = broker.wait();
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
