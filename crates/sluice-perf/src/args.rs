@@ -112,8 +112,8 @@ pub struct PerfArgs {
 
     /// Queue arguments, e.g. 'x-max-length=1000,x-queue-type=quorum'; numbers are sent as
     /// integers
-    #[arg(long, value_name = "K=V,...", value_parser = parse_queue_arguments)]
-    pub queue_args: Option<Vec<QueueArgument>>,
+    #[arg(long, value_name = "K=V,...")]
+    pub queue_args: Option<String>,
 
     /// Declare queues auto-delete [default: true]
     #[arg(long, value_name = "BOOL")]
@@ -208,8 +208,31 @@ impl PerfArgs {
                 }
             )*};
         }
-        take!(producers, consumers, exchange, exchange_type, routing_key, size, pmessages, cmessages, time);
-        take!(rate, consumer_rate, confirm, qos, multi_ack_every, queue_args, auto_delete);
+        take!(
+            producers,
+            consumers,
+            exchange,
+            exchange_type,
+            routing_key,
+            size,
+            pmessages,
+            cmessages,
+            time
+        );
+        take!(
+            rate,
+            consumer_rate,
+            confirm,
+            qos,
+            multi_ack_every,
+            auto_delete
+        );
+        if let Some(text) = &self.queue_args {
+            workload.queue_args = Some(
+                parse_queue_arguments(text)
+                    .map_err(|err| PerfError::Args(format!("--queue-args: {err}")))?,
+            );
+        }
         if let Some(queue) = &self.queue {
             workload.queue = Some(queue.clone());
             workload.queue_pattern = None;
@@ -258,8 +281,27 @@ mod tests {
     #[test]
     fn args_perftest_short_flags_carry_over() {
         let args = parse(&[
-            "-h", "amqp://u:p@host:5673", "-x", "2", "-y", "3", "-s", "1000", "-c", "100",
-            "-q", "50", "-A", "10", "-f", "persistent", "-f", "mandatory", "-z", "10", "-r",
+            "-h",
+            "amqp://u:p@host:5673",
+            "-x",
+            "2",
+            "-y",
+            "3",
+            "-s",
+            "1000",
+            "-c",
+            "100",
+            "-q",
+            "50",
+            "-A",
+            "10",
+            "-f",
+            "persistent",
+            "-f",
+            "mandatory",
+            "-z",
+            "10",
+            "-r",
             "500",
         ]);
         let workload = args.workload(None).unwrap();
@@ -277,10 +319,26 @@ mod tests {
     #[test]
     fn args_long_flags_and_queue_pattern() {
         let args = parse(&[
-            "--uri", "amqp://localhost", "--producers", "50", "--consumers", "50", "--rate",
-            "100", "--queue-pattern", "q-%d", "--queue-pattern-from", "1",
-            "--queue-pattern-to", "10", "--queue-args", "x-max-length=10,x-queue-type=quorum",
-            "--auto-delete", "false", "--sweep", "none,1,200",
+            "--uri",
+            "amqp://localhost",
+            "--producers",
+            "50",
+            "--consumers",
+            "50",
+            "--rate",
+            "100",
+            "--queue-pattern",
+            "q-%d",
+            "--queue-pattern-from",
+            "1",
+            "--queue-pattern-to",
+            "10",
+            "--queue-args",
+            "x-max-length=10,x-queue-type=quorum",
+            "--auto-delete",
+            "false",
+            "--sweep",
+            "none,1,200",
         ]);
         let workload = args.workload(None).unwrap();
         assert_eq!(workload.queue_names().len(), 10);
@@ -309,6 +367,9 @@ mod tests {
         assert!(parse_queue_arguments("x-max-length").is_err());
         assert!(parse_sweep_point("ten").is_err());
         let args = parse(&["--queue-pattern", "q-%d"]);
-        assert!(args.workload(None).is_err(), "a pattern needs --queue-pattern-to");
+        assert!(
+            args.workload(None).is_err(),
+            "a pattern needs --queue-pattern-to"
+        );
     }
 }

@@ -96,7 +96,7 @@ mod tests {
         assert!(!window.has_room());
         window.on_confirm(false);
         window.on_confirm(true);
-        assert_eq!(window.in_flight(), 2);
+        assert_eq!(window.in_flight(), 1);
         assert_eq!(
             (window.published(), window.confirmed(), window.nacked()),
             (4, 2, 1)

@@ -44,9 +44,8 @@ impl RateLimiter {
     /// Takes one send permit. Returns `None` if a message may go now (and books it), or the
     /// instant to wait for before calling again.
     pub fn try_acquire(&mut self, now: Instant) -> Option<Instant> {
-        let Some(interval) = self.interval else {
-            return None;
-        };
+        // Unlimited: `None`, every message may go at once.
+        let interval = self.interval?;
         if now < self.next_due {
             return Some(self.next_due);
         }
@@ -90,7 +89,10 @@ mod tests {
         // The second message is due 10 ms later, and asking again does not move it.
         let due = limiter.try_acquire(start).expect("must wait");
         assert_eq!(due - start, Duration::from_millis(10));
-        assert_eq!(limiter.try_acquire(start + Duration::from_millis(5)), Some(due));
+        assert_eq!(
+            limiter.try_acquire(start + Duration::from_millis(5)),
+            Some(due)
+        );
         assert_eq!(limiter.try_acquire(due), None);
     }
 

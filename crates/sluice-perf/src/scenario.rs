@@ -156,7 +156,10 @@ mod tests {
         assert_eq!(workload.qos, Some(100));
         // Tiny scales keep at least one of each.
         let tiny = seed_5().workload(0.0001).unwrap();
-        assert_eq!((tiny.producers, tiny.consumers, tiny.queue_names().len()), (1, 1, 1));
+        assert_eq!(
+            (tiny.producers, tiny.consumers, tiny.queue_names().len()),
+            (1, 1, 1)
+        );
         assert!(seed_5().workload(0.0).is_err());
     }
 

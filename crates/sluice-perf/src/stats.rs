@@ -95,7 +95,9 @@ impl Default for Stats {
 
 fn lock(histogram: &Mutex<Histogram<u64>>) -> std::sync::MutexGuard<'_, Histogram<u64>> {
     // A panicking recorder cannot leave a histogram half-updated in a way that matters.
-    histogram.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    histogram
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Cumulative counter values at one moment.

@@ -131,7 +131,11 @@ impl Workload {
                 ));
             }
         }
-        if self.queue_names().iter().any(|name| name.len() > QUEUE_NAME_LEN_MAX) {
+        if self
+            .queue_names()
+            .iter()
+            .any(|name| name.len() > QUEUE_NAME_LEN_MAX)
+        {
             return fail("queue names are limited to 255 bytes".into());
         }
         if self.producers == 0 && self.consumers == 0 {
@@ -219,15 +223,15 @@ impl Workload {
     /// A one-line description for reports, e.g. "20 producers × 1000 msg/s, 10 queues, 20
     /// consumers, 1000 B, confirms 100, prefetch 1000".
     pub fn describe(&self) -> String {
-        let mut text = format!("{} producers", self.producers);
+        let mut text = plural(self.producers, "producer");
         if let Some(rate) = self.rate {
             text += &format!(" × {rate} msg/s");
         }
         let queues = self.queue_names().len();
         if queues > 0 {
-            text += &format!(", {queues} queues");
+            text += &format!(", {}", plural(queues as u32, "queue"));
         }
-        text += &format!(", {} consumers, {} B", self.consumers, self.size);
+        text += &format!(", {}, {} B", plural(self.consumers, "consumer"), self.size);
         text += &match self.confirm {
             None => ", no confirms".to_owned(),
             Some(0) => ", confirms (no limit)".to_owned(),
@@ -249,6 +253,15 @@ impl Workload {
             text += ", persistent";
         }
         text
+    }
+}
+
+/// "1 queue", "10 queues".
+fn plural(count: u32, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
     }
 }
 

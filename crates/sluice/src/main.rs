@@ -1,6 +1,6 @@
 //! The `sluice` binary. `sluice server` runs the broker: it loads the configuration
 //! (defaults, then the `--config` file, then flags), sets up logging, and serves AMQP 0-9-1
-//! until SIGINT or SIGTERM.
+//! until SIGINT or SIGTERM. `sluice perf` is the load generator (crate `sluice-perf`).
 
 use std::future::Future;
 use std::io::IsTerminal as _;
@@ -30,6 +30,12 @@ enum Command {
     /// Logging goes to stderr at the file's `log.console.level`; RUST_LOG, when set,
     /// overrides it (e.g. RUST_LOG=sluice_server=debug).
     Server(ServerArgs),
+
+    /// Generate load against any AMQP 0-9-1 broker, with RabbitMQ PerfTest's flags.
+    ///
+    /// As in PerfTest, `-h` is the broker URI; use `--help` for help.
+    // Boxed: PerfArgs is several times larger than the other variants.
+    Perf(Box<sluice_perf::PerfArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Server(args) => server(args),
+        Command::Perf(args) => sluice_perf::main(*args).map_err(anyhow::Error::new),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

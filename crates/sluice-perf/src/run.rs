@@ -1,0 +1,307 @@
+//! One run: declare the topology, open every consumer then every producer (each on its own
+//! connection, a bounded number of handshakes at a time), start them together, sample the
+//! shared [`Stats`] once a second until `--time` (or the message limits, or Ctrl-C), stop
+//! them together and close everything.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::consumer::Consumer;
+use crate::publisher::Publisher;
+use crate::report::{Display, Summary};
+use crate::stats::{Sample, Sampler, Stats};
+use crate::topology;
+use crate::workload::Workload;
+use crate::PerfError;
+
+/// Connections being opened at once while a run sets up. Hundreds of simultaneous
+/// handshakes overflow a broker's accept backlog and time out; 32 keeps both ends busy.
+const CONNECT_CONCURRENCY_MAX: usize = 32;
+
+/// How often a line is printed and a sample taken (PerfTest's default `--interval`).
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long stopping waits for tasks and connection closes before giving up on them (a
+/// blocked connection may never finish a publish).
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A final partial interval shorter than this is left out of the per-second series (its
+/// rates would be noise); its messages still count in the summary.
+const PARTIAL_SAMPLE_MIN: Duration = Duration::from_millis(500);
+
+/// How a run shows itself.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Run name in reports ("run", or the sweep point).
+    pub label: String,
+    /// A live progress bar instead of plain lines.
+    pub live: bool,
+    /// Delete the named queues afterwards (sweeps do, so runs start empty).
+    pub delete_queues: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            label: "run".into(),
+            live: false,
+            delete_queues: false,
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub summary: Summary,
+    pub samples: Vec<Sample>,
+    /// Whether the run was cut short by Ctrl-C.
+    pub interrupted: bool,
+}
+
+/// Opens `count` clients with `open`, at most [`CONNECT_CONCURRENCY_MAX`] at a time.
+async fn open_all<T, F, Fut>(count: u32, open: F) -> Result<Vec<T>, PerfError>
+where
+    T: Send + 'static,
+    F: Fn(u32) -> Fut,
+    Fut: Future<Output = Result<T, PerfError>> + Send + 'static,
+{
+    let semaphore = Arc::new(Semaphore::new(CONNECT_CONCURRENCY_MAX));
+    let mut tasks = JoinSet::new();
+    for index in 0..count {
+        let semaphore = semaphore.clone();
+        let opening = open(index);
+        tasks.spawn(async move {
+            let _permit = semaphore.acquire_owned().await;
+            opening.await
+        });
+    }
+    let mut opened = Vec::with_capacity(count as usize);
+    while let Some(result) = tasks.join_next().await {
+        match result {
+            Ok(Ok(client)) => opened.push(client),
+            Ok(Err(err)) => return Err(err),
+            Err(join) => return Err(PerfError::Task(join.to_string())),
+        }
+    }
+    Ok(opened)
+}
+
+/// Runs `workload` once.
+///
+/// # Errors
+/// [`PerfError::Amqp`] if setting up fails (broker unreachable, a declaration refused).
+/// Errors while running (a connection closed by the broker) end the run early and are
+/// listed in the summary instead.
+pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult, PerfError> {
+    let display = Display::new(options.live, workload.time, &options.label);
+    let workload = Arc::new(workload.clone());
+    let stats = Arc::new(Stats::default());
+
+    let setup = topology::connect(&workload.uri, "sluice-perf setup").await?;
+    let setup_channel = setup
+        .create_channel()
+        .await
+        .map_err(PerfError::amqp("opening the setup channel"))?;
+    topology::declare(&setup_channel, &workload).await?;
+    let names = Arc::new(workload.queue_names());
+    let run_key = Arc::new(format!(
+        "sluice-perf-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos())
+    ));
+
+    display.note(&format!(
+        "{}: {}: opening {} consumer and {} producer connections to {}",
+        options.label,
+        workload.describe(),
+        workload.consumers,
+        workload.producers,
+        topology::redact(&workload.uri)
+    ));
+    let consumers = open_all(workload.consumers, |index| {
+        let (workload, names, run_key, stats) = (
+            workload.clone(),
+            names.clone(),
+            run_key.clone(),
+            stats.clone(),
+        );
+        async move {
+            let connection =
+                topology::connect(&workload.uri, &format!("sluice-perf consumer {index}")).await?;
+            let queue = workload.consumer_queue(index, &names);
+            Consumer::open(connection, &workload, queue, &run_key, stats).await
+        }
+    })
+    .await?;
+    let publishers = open_all(workload.producers, |index| {
+        let (workload, names, run_key, stats) = (
+            workload.clone(),
+            names.clone(),
+            run_key.clone(),
+            stats.clone(),
+        );
+        async move {
+            let connection =
+                topology::connect(&workload.uri, &format!("sluice-perf producer {index}")).await?;
+            let key = workload.producer_routing_key(index, &names, &run_key);
+            Publisher::open(connection, &workload, key, stats).await
+        }
+    })
+    .await?;
+
+    let (stop_sender, stop) = watch::channel(false);
+    let start = Instant::now();
+    let mut consumer_tasks = JoinSet::new();
+    for consumer in consumers {
+        consumer_tasks.spawn(consumer.run(start, stop.clone()));
+    }
+    let mut producer_tasks = JoinSet::new();
+    for publisher in publishers {
+        producer_tasks.spawn(publisher.run(start, stop.clone()));
+    }
+
+    let mut sampler = Sampler::default();
+    let mut samples = Vec::new();
+    let mut errors = Vec::new();
+    let mut finished_publishers = Vec::new();
+    let mut finished_consumers = Vec::new();
+    let mut ticker = tokio::time::interval_at(start + SAMPLE_INTERVAL, SAMPLE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = workload
+        .time
+        .map(|seconds| start + Duration::from_secs_f64(seconds));
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let confirms = workload.confirm.is_some();
+    loop {
+        tokio::select! {
+            biased;
+            _ = ticker.tick() => {
+                let sample = sampler.sample(&stats, start.elapsed());
+                display.sample(&sample, confirms);
+                samples.push(sample);
+            }
+            _ = sleep_until_some(deadline) => break,
+            Some(joined) = producer_tasks.join_next(), if !producer_tasks.is_empty() => {
+                match flatten(joined) {
+                    Ok(publisher) => finished_publishers.push(publisher),
+                    Err(err) => { errors.push(err.to_string()); break; }
+                }
+            }
+            Some(joined) = consumer_tasks.join_next(), if !consumer_tasks.is_empty() => {
+                match flatten(joined) {
+                    Ok(consumer) => finished_consumers.push(consumer),
+                    Err(err) => { errors.push(err.to_string()); break; }
+                }
+            }
+            _ = &mut ctrl_c => { interrupted = true; break; }
+        }
+        if producer_tasks.is_empty() && consumer_tasks.is_empty() {
+            break;
+        }
+    }
+    let _ = stop_sender.send(true);
+    let elapsed = start.elapsed();
+    let last = sampler.sample(&stats, elapsed);
+    if last.interval_s >= PARTIAL_SAMPLE_MIN.as_secs_f64() {
+        display.sample(&last, confirms);
+        samples.push(last);
+    }
+    display.finish();
+
+    // Collect the tasks (each hands its connection back) and close every connection.
+    let mut connections = vec![setup];
+    let collect = async {
+        while let Some(joined) = producer_tasks.join_next().await {
+            match flatten(joined) {
+                Ok(publisher) => finished_publishers.push(publisher),
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+        while let Some(joined) = consumer_tasks.join_next().await {
+            match flatten(joined) {
+                Ok(consumer) => finished_consumers.push(consumer),
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+    };
+    if tokio::time::timeout(STOP_TIMEOUT, collect).await.is_err() {
+        errors.push(format!(
+            "{} tasks did not stop within {STOP_TIMEOUT:?}",
+            producer_tasks.len() + consumer_tasks.len()
+        ));
+        producer_tasks.abort_all();
+        consumer_tasks.abort_all();
+    }
+    connections.extend(finished_publishers.into_iter().map(|p| p.connection));
+    connections.extend(finished_consumers.into_iter().map(|c| c.connection));
+    if options.delete_queues {
+        if let Err(err) = topology::delete_queues(&connections[0], &workload).await {
+            errors.push(err.to_string());
+        }
+    }
+    close_all(connections).await;
+
+    errors.sort();
+    errors.dedup();
+    let counts = sampler.counts();
+    let elapsed_s = elapsed.as_secs_f64().max(0.001);
+    let summary = Summary {
+        label: options.label.clone(),
+        description: workload.describe(),
+        elapsed_s,
+        published: counts.published,
+        confirmed: counts.confirmed,
+        nacked: counts.nacked,
+        returned: counts.returned,
+        consumed: counts.consumed,
+        published_rate: counts.published as f64 / elapsed_s,
+        confirmed_rate: counts.confirmed as f64 / elapsed_s,
+        consumed_rate: counts.consumed as f64 / elapsed_s,
+        consumer_latency_us: sampler.consumer_latency_total(),
+        confirm_latency_us: sampler.confirm_latency_total(),
+        errors,
+        workload: (*workload).clone(),
+    };
+    Ok(RunResult {
+        summary,
+        samples,
+        interrupted,
+    })
+}
+
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn flatten<T>(
+    joined: Result<Result<T, PerfError>, tokio::task::JoinError>,
+) -> Result<T, PerfError> {
+    joined.map_err(|join| PerfError::Task(join.to_string()))?
+}
+
+/// Closes connections concurrently, giving up after [`STOP_TIMEOUT`].
+async fn close_all(connections: Vec<lapin::Connection>) {
+    let mut closing = JoinSet::new();
+    for connection in connections {
+        closing.spawn(async move {
+            let _ = connection.close(200, "OK".into()).await;
+        });
+    }
+    let _ = tokio::time::timeout(STOP_TIMEOUT, async {
+        while closing.join_next().await.is_some() {}
+    })
+    .await;
+}

@@ -1,0 +1,165 @@
+//! Declaring what a run needs, as PerfTest does: the exchange (unless it is the default
+//! exchange or a predefined `amq.*` one), the named queues with their bindings, or, without
+//! named queues, one server-named queue per consumer (see [`crate::consumer`]). Queues are
+//! durable when messages are persistent, auto-delete unless told otherwise.
+
+use lapin::options::{
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+use crate::workload::{QueueArgument, Workload};
+use crate::PerfError;
+
+/// Opens a connection named `name` (the broker shows it in its connection list).
+///
+/// # Errors
+/// [`PerfError::Amqp`] if the broker cannot be reached or refuses the login.
+pub async fn connect(uri: &str, name: &str) -> Result<Connection, PerfError> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(uri, properties)
+        .await
+        .map_err(PerfError::amqp(format!("connecting to {}", redact(uri))))
+}
+
+/// The URI without its password, for messages.
+pub fn redact(uri: &str) -> String {
+    match (uri.find("://"), uri.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &uri[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &uri[..scheme + 3], &uri[at..]),
+                None => uri.to_owned(),
+            }
+        }
+        _ => uri.to_owned(),
+    }
+}
+
+fn exchange_kind(name: &str) -> ExchangeKind {
+    match name {
+        "direct" => ExchangeKind::Direct,
+        "fanout" => ExchangeKind::Fanout,
+        "topic" => ExchangeKind::Topic,
+        "headers" => ExchangeKind::Headers,
+        other => ExchangeKind::Custom(other.to_owned()),
+    }
+}
+
+fn queue_arguments(workload: &Workload) -> FieldTable {
+    let mut table = FieldTable::default();
+    for argument in workload.queue_arguments() {
+        match argument {
+            QueueArgument::Int(key, value) => {
+                table.insert(key.into(), AMQPValue::LongLongInt(value));
+            }
+            QueueArgument::Text(key, value) => {
+                table.insert(key.into(), AMQPValue::LongString(value.into()));
+            }
+        }
+    }
+    table
+}
+
+/// Declares a queue (`""` for a server-named one) and returns its name.
+///
+/// # Errors
+/// [`PerfError::Amqp`] if the broker refuses the declaration.
+pub async fn declare_queue(
+    channel: &Channel,
+    workload: &Workload,
+    name: &str,
+) -> Result<String, PerfError> {
+    let queue = channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: workload.durable_queues(),
+                auto_delete: workload.auto_delete_queues(),
+                ..QueueDeclareOptions::default()
+            },
+            queue_arguments(workload),
+        )
+        .await
+        .map_err(PerfError::amqp(format!("queue.declare '{name}'")))?;
+    Ok(queue.name().to_string())
+}
+
+/// Declares the exchange and the named queues and binds them.
+///
+/// # Errors
+/// [`PerfError::Amqp`] if the broker refuses a declaration.
+pub async fn declare(channel: &Channel, workload: &Workload) -> Result<(), PerfError> {
+    let exchange = workload.exchange.as_str();
+    let predefined = exchange.is_empty() || exchange.starts_with("amq.");
+    if !predefined {
+        channel
+            .exchange_declare(
+                exchange.into(),
+                exchange_kind(&workload.exchange_type),
+                // Durable, as PerfTest declares it: the two can then share a broker.
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(PerfError::amqp(format!("exchange.declare '{exchange}'")))?;
+    }
+    for name in workload.queue_names() {
+        declare_queue(channel, workload, &name).await?;
+        if !exchange.is_empty() {
+            channel
+                .queue_bind(
+                    name.as_str().into(),
+                    exchange.into(),
+                    workload.binding_key(&name).into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(PerfError::amqp(format!("queue.bind '{name}'")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the named queues (between the runs of a sweep, so that one run's backlog does
+/// not become the next one's latency).
+///
+/// # Errors
+/// [`PerfError::Amqp`] if a deletion fails for another reason than the queue being gone.
+pub async fn delete_queues(connection: &Connection, workload: &Workload) -> Result<(), PerfError> {
+    for name in workload.queue_names() {
+        // A fresh channel each time: deleting an auto-deleted queue closes the channel
+        // with 404 on some brokers.
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(PerfError::amqp("opening a channel"))?;
+        if channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .is_ok()
+        {
+            let _ = channel.close(200, "OK".into()).await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_redacts_the_password() {
+        assert_eq!(
+            redact("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact("amqp://localhost"), "amqp://localhost");
+    }
+}
