@@ -47,8 +47,8 @@ pub fn type_name(value: &AMQPValue) -> &'static str {
         AMQPValue::Float(_) => "float",
         AMQPValue::Double(_) => "double",
         AMQPValue::DecimalValue(_) => "decimal",
-        AMQPValue::ShortString(_) => "shortstr",
-        AMQPValue::LongString(_) => "longstr",
+        // RabbitMQ reads every string in a table as a longstr.
+        AMQPValue::ShortString(_) | AMQPValue::LongString(_) => "longstr",
         AMQPValue::FieldArray(_) => "array",
         AMQPValue::Timestamp(_) => "timestamp",
         AMQPValue::FieldTable(_) => "table",

@@ -53,7 +53,7 @@ impl HeadersSpec {
             Some(other) => {
                 return Err(format!(
                     "Invalid x-match field type {} (value {}); expected longstr",
-                    rabbit_type_name(other),
+                    crate::arguments::type_name(other),
                     erlang_term(other)
                 ));
             }
@@ -202,29 +202,6 @@ fn values_equal(left: &AMQPValue, right: &AMQPValue) -> bool {
     }
 }
 
-/// RabbitMQ's name for a field type, as its error messages print it.
-fn rabbit_type_name(value: &AMQPValue) -> &'static str {
-    match value {
-        AMQPValue::Boolean(_) => "bool",
-        AMQPValue::ShortShortInt(_) => "byte",
-        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
-        AMQPValue::ShortInt(_) => "short",
-        AMQPValue::ShortUInt(_) => "unsignedshort",
-        AMQPValue::LongInt(_) => "signedint",
-        AMQPValue::LongUInt(_) => "unsignedint",
-        AMQPValue::LongLongInt(_) => "long",
-        AMQPValue::Float(_) => "float",
-        AMQPValue::Double(_) => "double",
-        AMQPValue::DecimalValue(_) => "decimal",
-        AMQPValue::ShortString(_) | AMQPValue::LongString(_) => "longstr",
-        AMQPValue::FieldArray(_) => "array",
-        AMQPValue::Timestamp(_) => "timestamp",
-        AMQPValue::FieldTable(_) => "table",
-        AMQPValue::ByteArray(_) => "binary",
-        AMQPValue::Void => "void",
-    }
-}
-
 /// A value printed as Erlang's `~tp` prints RabbitMQ's representation of it,
 /// so error messages read the same as RabbitMQ's.
 fn erlang_term(value: &AMQPValue) -> String {
@@ -249,7 +226,13 @@ fn erlang_term(value: &AMQPValue) -> String {
             let items: Vec<String> = items
                 .as_slice()
                 .iter()
-                .map(|item| format!("{{{},{}}}", rabbit_type_name(item), erlang_term(item)))
+                .map(|item| {
+                    format!(
+                        "{{{},{}}}",
+                        crate::arguments::type_name(item),
+                        erlang_term(item)
+                    )
+                })
                 .collect();
             format!("[{}]", items.join(","))
         }
@@ -260,7 +243,7 @@ fn erlang_term(value: &AMQPValue) -> String {
                     format!(
                         "{{{},{},{}}}",
                         erlang_binary(name.as_str().as_bytes()),
-                        rabbit_type_name(item),
+                        crate::arguments::type_name(item),
                         erlang_term(item)
                     )
                 })
