@@ -150,3 +150,32 @@ async fn crash_confirmed_persistent_messages_survive_sigkill() {
     let _ = broker.wait();
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// SIGTERM stops the broker cleanly: connected clients are told (320
+/// CONNECTION_FORCED closes their connection) and the process exits 0.
+#[tokio::test]
+async fn crash_sigterm_is_a_clean_shutdown() {
+    let data_dir = std::env::temp_dir().join(format!("sluice-sigterm-{}", std::process::id()));
+    let port = free_port();
+    let mut broker = start(port, &data_dir);
+    let connection = connect(port).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &broker.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let exit = loop {
+        if let Some(exit) = broker.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "the broker did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "exit status {exit}");
+    assert!(
+        !connection.status().connected(),
+        "the client saw its connection closed"
+    );
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
