@@ -19,6 +19,7 @@ use sluice_wire::reply_code::ReplyCode;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::alarm::Alarms;
 use crate::channel::Channel;
 use crate::connection_context::ConnectionContext;
 use crate::frame_reader::{FrameReader, ReadError};
@@ -55,6 +56,10 @@ pub struct Connection {
     congested_queues: Vec<Arc<Queue>>,
     /// Total time spent paused for congested queues (RabbitMQ's "flow").
     pub flow_time: Duration,
+    /// Memory and disk alarms: while one is set, a connection that has
+    /// published is blocked.
+    alarms: watch::Receiver<Alarms>,
+    has_published: bool,
 }
 
 /// Serves one accepted socket until it closes.
@@ -65,6 +70,7 @@ pub async fn serve(
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
+    alarms: watch::Receiver<Alarms>,
 ) {
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
@@ -128,6 +134,8 @@ pub async fn serve(
         durable_rounds,
         congested_queues: Vec::new(),
         flow_time: Duration::ZERO,
+        alarms,
+        has_published: false,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -200,6 +208,9 @@ impl Connection {
             if !self.wait_while_congested(shutdown).await {
                 continue;
             }
+            if !self.wait_while_alarmed(shutdown).await {
+                continue;
+            }
             self.context.outbox.wait_below_reader_pause().await;
             if self.context.outbox.is_broken() {
                 return;
@@ -232,6 +243,9 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
+                // An alarm set while this publisher waits for its next read
+                // blocks it now, not at its next publish.
+                _ = self.alarms.changed(), if self.has_published && !self.closing && self.alarms.has_changed().is_ok() => {}
                 _ = shutdown.changed(), if !self.closing => {
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
@@ -312,6 +326,57 @@ impl Connection {
             }
         }
         self.flow_time += started.elapsed();
+        true
+    }
+
+    /// While a memory or disk alarm is set, a connection that publishes is
+    /// not read (RabbitMQ's "blocked"); one that only consumes carries on,
+    /// since its acks are what free memory. Clients that advertised the
+    /// capability hear connection.blocked and connection.unblocked. Returns
+    /// false when shutdown started a close during the wait.
+    async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let alarms = *self.alarms.borrow();
+        if !alarms.any() || !self.has_published || self.closing {
+            return true;
+        }
+        let notify = self.context.client_capabilities.connection_blocked;
+        tracing::info!(peer = %self.peer, reason = alarms.reason(), "connection blocked");
+        if notify {
+            self.send(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Blocked(connection::Blocked {
+                    reason: alarms.reason().into(),
+                })),
+            );
+        }
+        loop {
+            tokio::select! {
+                changed = self.alarms.changed() => {
+                    // A monitor that stopped raises no alarm any more.
+                    if changed.is_err() || !self.alarms.borrow().any() {
+                        break;
+                    }
+                }
+                _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                    self.flush_waiting_confirms();
+                }
+                _ = shutdown.changed() => {
+                    self.start_close(
+                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                        0,
+                        0,
+                    );
+                    return false;
+                }
+            }
+        }
+        tracing::info!(peer = %self.peer, "connection unblocked");
+        if notify {
+            self.send(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Unblocked(connection::Unblocked {})),
+            );
+        }
         true
     }
 
@@ -464,7 +529,10 @@ impl Connection {
         }
         let context = &self.context;
         let result = match method {
-            Method::Publish(publish) => channel.handle_publish(context, publish),
+            Method::Publish(publish) => {
+                self.has_published = true;
+                channel.handle_publish(context, publish)
+            }
             Method::Ack(ack) => channel.handle_ack(context, ack),
             Method::Nack(nack) => channel.handle_nack(context, nack),
             Method::Reject(reject) => channel.handle_reject(context, reject),

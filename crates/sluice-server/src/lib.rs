@@ -1,5 +1,6 @@
 //! The AMQP 0-9-1 server.
 //!
+//! - [`alarm`]: memory and disk alarms that block publishers.
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`connection`]: one client connection's reader task and frame handling.
@@ -10,6 +11,7 @@
 //! - [`frame_reader`]: frames off the socket.
 //! - [`limits`]: every bound on a buffer or queue, in one place.
 
+pub mod alarm;
 pub mod channel;
 pub mod config;
 pub mod connection;

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::alarm::{self, AlarmSettings, Alarms};
 use crate::config::Config;
 use crate::connection;
 use crate::settings::ServerSettings;
@@ -87,12 +88,27 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
+    let total_memory = alarm::total_memory_bytes().unwrap_or(u64::MAX);
+    let alarm_settings = AlarmSettings {
+        memory_watermark_bytes: (total_memory as f64 * config.vm_memory_high_watermark_relative)
+            as u64,
+        disk_free_limit_bytes: config.disk_free_limit_bytes,
+        data_dir: config.data_dir.clone(),
+    };
+    tracing::info!(
+        memory_watermark_bytes = alarm_settings.memory_watermark_bytes,
+        disk_free_limit_bytes = alarm_settings.disk_free_limit_bytes,
+        "resource limits"
+    );
+    let (alarms_sender, alarms) = watch::channel(Alarms::default());
+    tokio::spawn(alarm::monitor(alarm_settings, alarms_sender));
     let task = tokio::spawn(accept_loop(
         listener,
         Arc::clone(&broker),
         settings,
         shutdown_receiver,
         durable_rounds,
+        alarms,
     ));
     Ok(RunningServer {
         local_address,
@@ -109,6 +125,7 @@ async fn accept_loop(
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
+    alarms: watch::Receiver<Alarms>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -122,6 +139,7 @@ async fn accept_loop(
                         Arc::clone(&settings),
                         shutdown.clone(),
                         durable_rounds.clone(),
+                        alarms.clone(),
                     ));
                 }
                 Err(error) => {
