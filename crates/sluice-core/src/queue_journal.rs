@@ -199,7 +199,9 @@ impl QueueJournal {
         if offsets.is_empty() {
             return;
         }
-        let _ = self.log.append(&self.group, KIND_ACKS, &[&offsets]);
+        let _ = self
+            .log
+            .append_unsynced(&self.group, KIND_ACKS, &[&offsets]);
         self.reclaim();
     }
 

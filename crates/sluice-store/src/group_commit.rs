@@ -39,6 +39,9 @@ struct Pending {
     next_sequence: Sequence,
     failed: bool,
     destroyed: bool,
+    /// Something buffered must be fsynced (not only records that can be
+    /// lost in a crash without harm).
+    needs_sync: bool,
 }
 
 /// The write side of one [`SegmentLog`]: a buffer of appends waiting for the
@@ -65,6 +68,7 @@ impl LogBuffer {
                 head_segment,
                 head_size,
                 next_sequence: 1,
+                needs_sync: false,
                 failed: false,
                 destroyed: false,
             }),
@@ -83,7 +87,31 @@ impl LogBuffer {
         kind: u8,
         payload_parts: &[&[u8]],
     ) -> Option<(Location, Sequence)> {
+        self.append_record(group, kind, payload_parts, true)
+    }
+
+    /// Appends a record that need not be fsynced for its own sake (an ack:
+    /// losing it in a crash only means a redelivery). It is written with the
+    /// next round and reaches the disk with the next fsync of the log, but it
+    /// never makes a round fsync.
+    pub fn append_unsynced(
+        self: &Arc<Self>,
+        group: &GroupCommit,
+        kind: u8,
+        payload_parts: &[&[u8]],
+    ) -> Option<(Location, Sequence)> {
+        self.append_record(group, kind, payload_parts, false)
+    }
+
+    fn append_record(
+        self: &Arc<Self>,
+        group: &GroupCommit,
+        kind: u8,
+        payload_parts: &[&[u8]],
+        needs_sync: bool,
+    ) -> Option<(Location, Sequence)> {
         let mut pending = lock(&self.pending);
+        pending.needs_sync |= needs_sync;
         if pending.failed || pending.destroyed {
             return None;
         }
@@ -194,7 +222,7 @@ impl LogBuffer {
     /// One sync round for this log: write what is buffered, fdatasync each
     /// segment written, then advance the synced sequence.
     fn write_and_sync(&self) -> Result<(), StoreError> {
-        let (chunks, last_sequence) = {
+        let (chunks, last_sequence, needs_sync) = {
             let mut pending = lock(&self.pending);
             if pending.destroyed {
                 return Ok(());
@@ -202,6 +230,7 @@ impl LogBuffer {
             (
                 std::mem::take(&mut pending.chunks),
                 pending.next_sequence - 1,
+                std::mem::take(&mut pending.needs_sync),
             )
         };
         let mut log = lock(&self.log);
@@ -212,8 +241,13 @@ impl LogBuffer {
                 written_segments.push(*segment);
             }
         }
-        for segment in written_segments {
-            log.sync(segment)?;
+        // Every append that needs the disk set `needs_sync`; when none did,
+        // the sequence still advances: all earlier durable appends were
+        // synced by earlier rounds.
+        if needs_sync {
+            for segment in written_segments {
+                log.sync(segment)?;
+            }
         }
         drop(log);
         self.synced_sequence.store(last_sequence, Ordering::Release);
