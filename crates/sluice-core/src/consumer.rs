@@ -24,10 +24,6 @@ pub trait DeliverySink: Send + Sync {
         entry: QueuedMessage,
     ) -> Result<(), QueuedMessage>;
 
-    /// Whether [`DeliverySink::deliver`] would accept a message for this
-    /// consumer now; lets a queue skip a full consumer without popping.
-    fn can_deliver(&self, consumer: &Consumer) -> bool;
-
     /// The queue cancelled this consumer (the queue was deleted): the sink
     /// tells the client with basic.cancel.
     fn cancelled_by_queue(&self, consumer: &Arc<Consumer>);

@@ -98,14 +98,17 @@ struct QueueState {
 
 impl QueueState {
     /// Messages that left the queue for good are acked in the journal.
+    /// The iterator is always consumed, journal or not.
     fn forget<'a>(&mut self, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
-        if let Some(journal) = self.journal.as_mut() {
-            journal.append_acks(
-                messages
-                    .into_iter()
-                    .filter_map(|entry| entry.segment.map(|segment| (entry.offset, segment))),
-            );
-        }
+        let Some(journal) = self.journal.as_mut() else {
+            messages.into_iter().for_each(drop);
+            return;
+        };
+        journal.append_acks(
+            messages
+                .into_iter()
+                .filter_map(|entry| entry.segment.map(|segment| (entry.offset, segment))),
+        );
     }
 }
 
@@ -322,20 +325,24 @@ impl Queue {
                 .count();
             for step in 0..group_len {
                 let index = group_start + (state.round_robin + step) % group_len;
-                let consumer = &state.consumers[index];
-                if !consumer.has_prefetch_room() || !consumer.sink.can_deliver(consumer) {
+                if !state.consumers[index].has_prefetch_room() {
                     continue;
                 }
-                let consumer = Arc::clone(consumer);
+                // The sink refuses (and hands the message back) when the
+                // channel's prefetch, flow or output buffer has no room: one
+                // lock of the channel and its outbox per delivery, no
+                // separate check beforehand.
                 let Some(entry) = state.ready.pop_front() else {
                     return false;
                 };
                 let body_size = entry.message.body_size() as u64;
                 let persisted = entry.segment.map(|segment| (entry.offset, segment));
-                match consumer.sink.deliver(&consumer, self, entry) {
+                let consumer = &state.consumers[index];
+                let no_ack = consumer.no_ack;
+                match consumer.sink.deliver(consumer, self, entry) {
                     Ok(()) => {
                         state.ready_bytes -= body_size;
-                        if !consumer.no_ack {
+                        if !no_ack {
                             state.unacked += 1;
                         } else if let (Some(persisted), Some(journal)) =
                             (persisted, state.journal.as_mut())
@@ -377,13 +384,7 @@ impl Queue {
     pub fn settle<'a>(self: &Arc<Self>, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
         let mut state = self.lock();
         let mut count = 0;
-        let messages = messages.into_iter().inspect(|_| count += 1);
-        if state.journal.is_some() {
-            let collected: Vec<&QueuedMessage> = messages.collect();
-            state.forget(collected);
-        } else {
-            messages.for_each(drop);
-        }
+        state.forget(messages.into_iter().inspect(|_| count += 1));
         state.unacked = state.unacked.saturating_sub(count);
         self.dispatch_locked(&mut state);
     }

@@ -158,7 +158,7 @@ impl QueueJournal {
             group,
             live_by_segment,
         };
-        journal.reclaim();
+        journal.reclaim(true);
         Ok(RecoveredQueue {
             journal,
             messages: recovered,
@@ -202,19 +202,27 @@ impl QueueJournal {
         let _ = self
             .log
             .append_unsynced(&self.group, KIND_ACKS, &[&offsets]);
-        self.reclaim();
+        self.reclaim(false);
     }
 
-    /// Deletes the oldest segments once nothing in them is live.
-    fn reclaim(&mut self) {
+    /// Deletes the oldest segments once nothing in them is live. Touches the
+    /// files only when a segment died (or `always`, at recovery): the log's
+    /// lock is also held by the sync thread across an fsync, and an ack must
+    /// not wait for that.
+    fn reclaim(&mut self, always: bool) {
         let head = self.log.head_segment();
         let mut first_needed = head;
+        let mut died = false;
         while let Some((&segment, &live)) = self.live_by_segment.first_key_value() {
             if live > 0 || segment >= head {
                 first_needed = segment.min(head);
                 break;
             }
             self.live_by_segment.remove(&segment);
+            died = true;
+        }
+        if !died && !always {
+            return;
         }
         if let Err(error) = self.log.remove_segments_before(first_needed) {
             tracing::warn!(%error, "could not delete a fully acked journal segment");

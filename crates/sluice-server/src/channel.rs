@@ -24,7 +24,7 @@ use sluice_wire::method::{Ack, Nack, Publish, Reject};
 use sluice_wire::reply_code::ReplyCode;
 
 use crate::connection_context::ConnectionContext;
-use crate::delivery::{ChannelDeliveries, Settled, Unacked};
+use crate::delivery::{ChannelDeliveries, Unacked};
 use crate::limits::TX_UNCOMMITTED_BYTES_MAX;
 
 /// A publish whose content header and body frames are still arriving.
@@ -100,6 +100,9 @@ pub struct Channel {
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
     congested_queues: Vec<Arc<Queue>>,
+    /// Buffers an ack reuses, so that settling does not allocate.
+    settled_scratch: Vec<Unacked>,
+    dispatched_scratch: Vec<Arc<Queue>>,
 }
 
 /// Where an error arose, for the class and method ids of the close.
@@ -126,6 +129,8 @@ impl Channel {
             route_scratch: RouteScratch::default(),
             route_queues: Vec::new(),
             congested_queues: Vec::new(),
+            settled_scratch: Vec::new(),
+            dispatched_scratch: Vec::new(),
         }
     }
 
@@ -169,11 +174,7 @@ impl Channel {
 
     // ----- publishing -----
 
-    pub fn handle_publish(
-        &mut self,
-        context: &ConnectionContext,
-        publish: Publish,
-    ) -> AmqpResult<()> {
+    pub fn handle_publish(&mut self, publish: Publish) -> AmqpResult<()> {
         if publish.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
         }
@@ -184,7 +185,6 @@ impl Channel {
             body_parts: Vec::new(),
             body_received: 0,
         });
-        let _ = context;
         Ok(())
     }
 
@@ -375,7 +375,6 @@ impl Channel {
                 });
             }
         }
-        let _ = context;
         Ok(())
     }
 
@@ -437,26 +436,21 @@ impl Channel {
 
     // ----- acknowledgements -----
 
-    pub fn handle_ack(&mut self, context: &ConnectionContext, ack: Ack) -> AmqpResult<()> {
-        self.settle(context, ack.delivery_tag, ack.multiple, None)
+    pub fn handle_ack(&mut self, ack: Ack) -> AmqpResult<()> {
+        self.settle(ack.delivery_tag, ack.multiple, None)
     }
 
-    pub fn handle_nack(&mut self, context: &ConnectionContext, nack: Nack) -> AmqpResult<()> {
-        self.settle(
-            context,
-            nack.delivery_tag,
-            nack.multiple,
-            Some(nack.requeue),
-        )
+    pub fn handle_nack(&mut self, nack: Nack) -> AmqpResult<()> {
+        self.settle(nack.delivery_tag, nack.multiple, Some(nack.requeue))
     }
 
-    pub fn handle_reject(&mut self, context: &ConnectionContext, reject: Reject) -> AmqpResult<()> {
-        self.settle(context, reject.delivery_tag, false, Some(reject.requeue))
+    pub fn handle_reject(&mut self, reject: Reject) -> AmqpResult<()> {
+        self.settle(reject.delivery_tag, false, Some(reject.requeue))
     }
 
+    /// basic.ack (`requeue` None), nack and reject (`requeue` Some).
     fn settle(
         &mut self,
-        context: &ConnectionContext,
         delivery_tag: u64,
         multiple: bool,
         requeue: Option<bool>,
@@ -469,35 +463,40 @@ impl Channel {
             });
             return Ok(());
         }
-        let settled = self.deliveries.settle(delivery_tag, multiple, requeue)?;
-        self.apply_settled(settled);
-        let _ = context;
-        Ok(())
-    }
-
-    fn apply_settled(&mut self, settled: Settled) {
-        // Settling and requeueing dispatch on their own queues; the other
-        // queues of this channel's consumers may deliver too now, since
-        // channel-wide prefetch room was freed.
-        let mut dispatched: Vec<Arc<Queue>> = Vec::new();
-        settle_by_queue(settled.acked, &mut dispatched);
-        for entry in &settled.requeued {
-            if !dispatched
-                .iter()
-                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
-            {
-                dispatched.push(Arc::clone(&entry.queue));
+        let mut settled = std::mem::take(&mut self.settled_scratch);
+        let result = self.deliveries.settle(delivery_tag, multiple, &mut settled);
+        if result.is_ok() {
+            let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
+            if requeue == Some(true) {
+                for entry in &settled {
+                    if !dispatched
+                        .iter()
+                        .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+                    {
+                        dispatched.push(Arc::clone(&entry.queue));
+                    }
+                }
+                requeue_by_queue(settled.drain(..));
+            } else {
+                settle_by_queue(&settled, &mut dispatched);
             }
-        }
-        requeue_by_queue(settled.requeued);
-        for entry in self.consumers.values() {
-            if !dispatched
-                .iter()
-                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
-            {
-                entry.queue.dispatch();
+            // Settling and requeueing dispatch on their own queues; the
+            // other queues of this channel's consumers may deliver now too,
+            // since channel-wide prefetch room was freed.
+            for entry in self.consumers.values() {
+                if !dispatched
+                    .iter()
+                    .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+                {
+                    entry.queue.dispatch();
+                }
             }
+            dispatched.clear();
+            self.dispatched_scratch = dispatched;
         }
+        settled.clear();
+        self.settled_scratch = settled;
+        result
     }
 
     /// Prefetch room was freed: let this channel's queues deliver again.
@@ -845,15 +844,7 @@ impl Channel {
         if !requeue {
             return Err(AmqpError::not_implemented("requeue=false"));
         }
-        let unacked = self.deliveries.take_all_unacked();
-        for entry in &unacked {
-            if let Some(consumer) = &entry.consumer {
-                consumer
-                    .unacked
-                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            }
-        }
-        requeue_by_queue(unacked);
+        requeue_by_queue(self.deliveries.take_all_unacked());
         self.dispatch_consumer_queues();
         Ok(())
     }
@@ -1009,7 +1000,7 @@ impl Channel {
                     delivery_tag,
                     multiple,
                     requeue,
-                } => self.settle(context, delivery_tag, multiple, requeue)?,
+                } => self.settle(delivery_tag, multiple, requeue)?,
             }
         }
         Ok(())
@@ -1024,13 +1015,6 @@ impl Channel {
         for tag in tags {
             self.cancel_consumer(context, &tag);
         }
-        for entry in &unacked {
-            if let Some(consumer) = &entry.consumer {
-                consumer
-                    .unacked
-                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            }
-        }
         requeue_by_queue(unacked);
         self.content = None;
         self.tx = None;
@@ -1038,7 +1022,7 @@ impl Channel {
 }
 
 /// Acked messages, counted per queue with one lock each.
-fn settle_by_queue(acked: Vec<Unacked>, settled_queues: &mut Vec<Arc<Queue>>) {
+fn settle_by_queue(acked: &[Unacked], settled_queues: &mut Vec<Arc<Queue>>) {
     let mut start = 0;
     while start < acked.len() {
         let queue = &acked[start].queue;
@@ -1055,7 +1039,7 @@ fn settle_by_queue(acked: Vec<Unacked>, settled_queues: &mut Vec<Arc<Queue>>) {
 }
 
 /// Requeued messages, handed back per queue in their original order.
-fn requeue_by_queue(requeued: Vec<Unacked>) {
+fn requeue_by_queue(requeued: impl IntoIterator<Item = Unacked>) {
     let mut by_queue: HashMap<*const Queue, (Arc<Queue>, Vec<sluice_core::queue::QueuedMessage>)> =
         HashMap::new();
     for entry in requeued {

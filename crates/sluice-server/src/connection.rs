@@ -54,8 +54,6 @@ pub struct Connection {
     /// Congested queues this connection published into; it does not read
     /// its socket until they drain.
     congested_queues: Vec<Arc<Queue>>,
-    /// Total time spent paused for congested queues (RabbitMQ's "flow").
-    pub flow_time: Duration,
     /// Memory and disk alarms: while one is set, a connection that has
     /// published is blocked.
     alarms: watch::Receiver<Alarms>,
@@ -133,7 +131,6 @@ pub async fn serve(
         closing: false,
         durable_rounds,
         congested_queues: Vec::new(),
-        flow_time: Duration::ZERO,
         alarms,
         has_published: false,
     };
@@ -299,7 +296,6 @@ impl Connection {
             self.congested_queues.clear();
             return true;
         }
-        let started = tokio::time::Instant::now();
         while let Some(queue) = self.congested_queues.last().cloned() {
             let uncongested = queue.uncongested();
             tokio::pin!(uncongested);
@@ -320,12 +316,10 @@ impl Connection {
                         0,
                         0,
                     );
-                    self.flow_time += started.elapsed();
                     return false;
                 }
             }
         }
-        self.flow_time += started.elapsed();
         true
     }
 
@@ -451,8 +445,26 @@ impl Connection {
                 }
                 Flow::Continue
             }
-            FrameType::Method => self.handle_method_frame(frame),
-            FrameType::Header | FrameType::Body => self.handle_content_frame(frame),
+            FrameType::Method | FrameType::Header | FrameType::Body => {
+                let channel_id = frame.channel;
+                let flow = if frame.frame_type == FrameType::Method {
+                    self.handle_method_frame(frame)
+                } else {
+                    self.handle_content_frame(frame)
+                };
+                // Any frame on a confirming channel may have completed a
+                // publish (its last content frame can come in a later read
+                // than its method): flush that channel's confirms at the end
+                // of this batch.
+                let confirming = self
+                    .channels
+                    .get(&channel_id)
+                    .is_some_and(Channel::has_confirms);
+                if confirming && !self.confirm_channels.contains(&channel_id) {
+                    self.confirm_channels.push(channel_id);
+                }
+                flow
+            }
         }
     }
 
@@ -531,11 +543,11 @@ impl Connection {
         let result = match method {
             Method::Publish(publish) => {
                 self.has_published = true;
-                channel.handle_publish(context, publish)
+                channel.handle_publish(publish)
             }
-            Method::Ack(ack) => channel.handle_ack(context, ack),
-            Method::Nack(nack) => channel.handle_nack(context, nack),
-            Method::Reject(reject) => channel.handle_reject(context, reject),
+            Method::Ack(ack) => channel.handle_ack(ack),
+            Method::Nack(nack) => channel.handle_nack(nack),
+            Method::Reject(reject) => channel.handle_reject(reject),
             Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(close))) => {
                 tracing::debug!(
                     channel_id,
@@ -566,11 +578,6 @@ impl Connection {
                 result
             }
         };
-        if let Some(channel) = self.channels.get(&channel_id) {
-            if channel.has_confirms() && !self.confirm_channels.contains(&channel_id) {
-                self.confirm_channels.push(channel_id);
-            }
-        }
         match result {
             Ok(()) => Flow::Continue,
             Err(error) => self.channel_error(channel_id, error, ids),
@@ -599,11 +606,6 @@ impl Connection {
         } else {
             channel.handle_content_body(&self.context, frame.payload)
         };
-        // The publish completes with its last content frame, which may come
-        // in a later read than its method frame.
-        if channel.has_confirms() && !self.confirm_channels.contains(&channel_id) {
-            self.confirm_channels.push(channel_id);
-        }
         match result {
             Ok(()) => Flow::Continue,
             Err(error) => self.channel_error(channel_id, error, (60, 40)),

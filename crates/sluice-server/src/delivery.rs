@@ -24,13 +24,6 @@ pub struct Unacked {
     pub consumer: Option<Arc<Consumer>>,
 }
 
-/// Messages settled by one ack, nack or reject, grouped by what happens next.
-#[derive(Default)]
-pub struct Settled {
-    pub acked: Vec<Unacked>,
-    pub requeued: Vec<Unacked>,
-}
-
 struct DeliveryState {
     next_delivery_tag: u64,
     /// Ordered by delivery tag, which only grows.
@@ -96,12 +89,17 @@ impl ChannelDeliveries {
     pub fn close(&self) -> Vec<Unacked> {
         let mut state = self.lock();
         state.closed = true;
-        state.unacked.drain(..).collect()
+        let unacked: Vec<Unacked> = state.unacked.drain(..).collect();
+        drop(state);
+        release_prefetch(&unacked);
+        unacked
     }
 
     /// Hands back every unacked message (basic.recover), keeping the channel open.
     pub fn take_all_unacked(&self) -> Vec<Unacked> {
-        self.lock().unacked.drain(..).collect()
+        let unacked: Vec<Unacked> = self.lock().unacked.drain(..).collect();
+        release_prefetch(&unacked);
+        unacked
     }
 
     fn channel_has_room(state: &DeliveryState) -> bool {
@@ -148,17 +146,19 @@ impl ChannelDeliveries {
         }
     }
 
-    /// Settles unacked messages for basic.ack (`requeue` None), basic.nack
-    /// and basic.reject (`requeue` Some). `multiple` settles every message up
-    /// to and including `delivery_tag`; tag 0 with multiple means all.
+    /// Takes the unacked messages a basic.ack, nack or reject settles and
+    /// appends them to `into` (a buffer the channel reuses, so an ack does
+    /// not allocate). `multiple` settles every message up to and including
+    /// `delivery_tag`; tag 0 with multiple means all.
     pub fn settle(
         &self,
         delivery_tag: u64,
         multiple: bool,
-        requeue: Option<bool>,
-    ) -> AmqpResult<Settled> {
+        into: &mut Vec<Unacked>,
+    ) -> AmqpResult<()> {
+        let start = into.len();
         let mut state = self.lock();
-        let taken: Vec<Unacked> = if multiple {
+        if multiple {
             let count = if delivery_tag == 0 {
                 state.unacked.len()
             } else {
@@ -173,27 +173,26 @@ impl ChannelDeliveries {
             if delivery_tag != 0 && !tag_outstanding {
                 return Err(unknown_delivery_tag(delivery_tag));
             }
-            state.unacked.drain(..count).collect()
+            into.extend(state.unacked.drain(..count));
         } else {
             let index = state
                 .unacked
                 .binary_search_by_key(&delivery_tag, |unacked| unacked.delivery_tag)
                 .map_err(|_| unknown_delivery_tag(delivery_tag))?;
-            state.unacked.remove(index).into_iter().collect()
-        };
+            into.extend(state.unacked.remove(index));
+        }
         drop(state);
-        for unacked in &taken {
-            if let Some(consumer) = &unacked.consumer {
-                consumer.unacked.fetch_sub(1, Ordering::AcqRel);
-            }
+        release_prefetch(&into[start..]);
+        Ok(())
+    }
+}
+
+/// Settled messages no longer count against their consumers' prefetch.
+fn release_prefetch(settled: &[Unacked]) {
+    for unacked in settled {
+        if let Some(consumer) = &unacked.consumer {
+            consumer.unacked.fetch_sub(1, Ordering::AcqRel);
         }
-        let mut settled = Settled::default();
-        if requeue == Some(true) {
-            settled.requeued = taken;
-        } else {
-            settled.acked = taken;
-        }
-        Ok(settled)
     }
 }
 
@@ -249,14 +248,6 @@ impl DeliverySink for ChannelDeliveries {
             });
         }
         Ok(())
-    }
-
-    fn can_deliver(&self, consumer: &Consumer) -> bool {
-        let state = self.lock();
-        !state.closed
-            && state.flow_active
-            && (consumer.no_ack || Self::channel_has_room(&state))
-            && self.outbox.has_delivery_room()
     }
 
     fn cancelled_by_queue(&self, consumer: &Arc<Consumer>) {

@@ -14,7 +14,6 @@ use sluice_core::vhost::VirtualHost;
 use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
-use sluice_wire::reply_code::ReplyCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -382,12 +381,12 @@ pub async fn refuse(
         )))
         .await;
     let _ = writer.shutdown().await;
-    let _ = ReplyCode::ConnectionForced;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_wire::reply_code::ReplyCode;
 
     #[test]
     fn handshake_plain_and_amqplain_credentials() {

@@ -124,15 +124,6 @@ impl Outbox {
         }
     }
 
-    /// Whether a delivery would be accepted now.
-    pub fn has_delivery_room(&self) -> bool {
-        let full = self.lock().len() >= OUTBOX_DELIVERY_BYTES_MAX;
-        if full {
-            self.deliveries_refused.store(true, Ordering::Release);
-        }
-        !full && !self.broken.load(Ordering::Relaxed)
-    }
-
     pub fn take_deliveries_refused(&self) -> bool {
         self.deliveries_refused.swap(false, Ordering::AcqRel)
     }

@@ -8,7 +8,7 @@ use amq_protocol::protocol::{gen_class, AMQPClass};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::content::RawProperties;
-use crate::frame::{FrameType, FRAME_END, FRAME_HEADER_SIZE, FRAME_OVERHEAD};
+use crate::frame::{FrameType, FRAME_END, FRAME_OVERHEAD};
 use crate::method::{CLASS_BASIC, METHOD_BASIC_ACK, METHOD_BASIC_NACK};
 
 const METHOD_BASIC_RETURN: u16 = 50;
@@ -191,9 +191,6 @@ pub fn join_body(parts: Vec<Bytes>, body_size: usize) -> Bytes {
         }
     }
 }
-
-/// The frame header size, re-exported for callers sizing buffers.
-pub const FRAME_HEADER: usize = FRAME_HEADER_SIZE;
 
 #[cfg(test)]
 mod tests {
