@@ -11,8 +11,12 @@ use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 use sluice_store::{GroupCommit, StoreError};
 
+use crate::pager::{Pager, QueueStorage};
+use crate::paging::StoreSettings;
+
 const DEFINITIONS_FILE: &str = "definitions.json";
 const QUEUES_DIR: &str = "queues";
+const PAGING_DIR: &str = "paging";
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Definitions {
@@ -61,6 +65,8 @@ pub struct DefinitionStore {
     data_dir: PathBuf,
     current: Mutex<Definitions>,
     pub group: Arc<GroupCommit>,
+    /// What every queue of the node pages and journals with.
+    pub storage: Arc<QueueStorage>,
 }
 
 impl DefinitionStore {
@@ -69,9 +75,22 @@ impl DefinitionStore {
     pub fn open(
         data_dir: &Path,
         group: Arc<GroupCommit>,
+        settings: StoreSettings,
     ) -> Result<(Arc<Self>, Definitions), StoreError> {
         std::fs::create_dir_all(data_dir.join(QUEUES_DIR))
             .map_err(|error| StoreError::io(format!("creating {}", data_dir.display()), error))?;
+        // Paging files of non-durable queues mean nothing after a restart.
+        let paging_dir = data_dir.join(PAGING_DIR);
+        match std::fs::remove_dir_all(&paging_dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(StoreError::io(
+                    format!("clearing {}", paging_dir.display()),
+                    error,
+                ))
+            }
+        }
         let path = data_dir.join(DEFINITIONS_FILE);
         let definitions = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
@@ -83,12 +102,24 @@ impl DefinitionStore {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Definitions::default(),
             Err(error) => return Err(StoreError::io(format!("reading {}", path.display()), error)),
         };
+        let storage = Arc::new(QueueStorage {
+            group: Arc::clone(&group),
+            pager: Pager::start(),
+            settings,
+            paging_dir,
+        });
         let store = Arc::new(DefinitionStore {
             data_dir: data_dir.to_path_buf(),
             current: Mutex::new(definitions.clone()),
             group,
+            storage,
         });
         Ok((store, definitions))
+    }
+
+    /// Stops the pager thread: the node is stopping.
+    pub fn stop(&self) {
+        self.storage.pager.stop();
     }
 
     pub fn queue_dir(&self, store_id: &str) -> PathBuf {

@@ -6,7 +6,10 @@
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: a classic queue, dispatching to consumers inline.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
-//! - [`queue_journal`]: a durable queue's persistent messages and acks on disk.
+//! - [`queue_journal`]: a queue's persistent and paged messages and acks on disk.
+//! - [`paging`]: the in-memory window of a queue and its paged references.
+//! - [`pager`]: the thread that reads paged messages back and compacts journals.
+//! - [`segment_liveness`]: which messages of a journal segment are still live.
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
@@ -20,7 +23,10 @@ pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod message;
+pub mod pager;
+pub mod paging;
 pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;
+pub mod segment_liveness;
 pub mod vhost;

@@ -1,5 +1,6 @@
-//! A classic queue held in memory: ready messages in offset order, the
-//! consumers it delivers to, and the count of messages out for delivery.
+//! A classic queue: ready messages in offset order (a window of them in
+//! memory, the rest paged out to its journal), the consumers it delivers
+//! to, and the count of messages out for delivery.
 //!
 //! There is no queue task. Whoever changes a queue (a publisher routing to it,
 //! an ack freeing prefetch room, a consumer arriving) takes its lock and
@@ -15,8 +16,15 @@ use amq_protocol::types::FieldTable;
 use crate::consumer::{ConnectionId, Consumer};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
-use crate::queue_journal::{Durability, QueueJournal, RecoveredQueue};
+use crate::pager::QueueStorage;
+use crate::paging::PagedMessage;
+use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
+use sluice_store::group_commit::Location;
+
+/// How long compaction waits for its moved copies to be synced before it
+/// leaves the old segments for a later pass.
+const COMPACTION_SYNC_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A message in a queue, or out with a consumer. `offset` orders messages
 /// within their queue: requeued messages go back to where they were.
@@ -49,15 +57,20 @@ pub enum PublishOutcome {
     Rejected,
 }
 
-/// A queue with consumers is congested while more than this many messages
-/// wait in it: its consumers are not keeping up, and publishers into it are
-/// paused (their sockets are not read) until it drains to half of this. At
-/// 100k msg/s this is about 10 ms of backlog, and half of it still covers a
-/// publisher's pause and resume many times over; for a slow consumer it is
-/// a buffer for bursts. Measured with PerfTest (1 KB, confirms 100, prefetch
-/// 100): 4096 gave p50/p99 latency of 25/61 ms, 1024 gave 9/18 ms at the
-/// same throughput. Queues without consumers never pause publishers: they
-/// are buffers, bounded by the memory and disk alarms.
+/// A queue with consumers is congested once its backlog has grown by more
+/// than this many messages above its lowest point since consumers came: its
+/// consumers are not keeping up, and publishers into it are paused (their
+/// sockets are not read) until it drains back by half of this. At 100k msg/s
+/// this is about 10 ms of backlog, and half of it still covers a publisher's
+/// pause and resume many times over; for a slow consumer it is a buffer for
+/// bursts. Measured with PerfTest (1 KB, confirms 100, prefetch 100): 4096
+/// gave p50/p99 latency of 25/61 ms, 1024 gave 9/18 ms at the same
+/// throughput.
+///
+/// Growth is measured from the low point, not from zero, so a deep queue
+/// that consumers are draining faster than it fills never pauses its
+/// publishers. Queues without consumers never pause publishers for flow:
+/// they are buffers, paged to disk, bounded by the disk alarm.
 pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 
 /// The same bound in body bytes, for large messages.
@@ -70,6 +83,9 @@ pub struct Queue {
     pub limits: QueueLimits,
     /// The journal directory of a durable queue.
     pub store_id: Option<String>,
+    /// Where the queue pages and journals messages; None keeps everything
+    /// in memory (a node without a data directory).
+    pub storage: Option<Arc<QueueStorage>>,
     state: Mutex<QueueState>,
     deleted: AtomicBool,
     /// Set while the backlog is over the flow bound and consumers exist.
@@ -80,8 +96,14 @@ pub struct Queue {
 
 #[derive(Default)]
 struct QueueState {
+    /// The head of the ready messages, in memory.
     ready: VecDeque<QueuedMessage>,
+    /// The rest of them, bodies on disk, all after those in `ready`.
+    paged: VecDeque<PagedMessage>,
+    /// Body bytes of every ready message, paged or not.
     ready_bytes: u64,
+    /// Body bytes of the ready messages in memory.
+    resident_bytes: u64,
     next_offset: u64,
     /// Delivered to consumers or fetched with basic.get, not yet settled.
     unacked: u64,
@@ -92,11 +114,52 @@ struct QueueState {
     /// Auto-delete queues go when their last consumer goes, but only once
     /// they have had one (RabbitMQ semantics).
     had_consumer: bool,
-    /// Durable queues journal their persistent messages.
+    /// Durable queues journal their persistent messages; any queue pages
+    /// into one (a non-durable queue's is created when it first pages).
     journal: Option<QueueJournal>,
+    /// The pager has this queue in its work list.
+    pager_requested: bool,
+    /// The sync thread tells this queue when its journal's buffer is written.
+    written_signal_set: bool,
+    /// The backlog's lowest point (messages, bytes) since consumers came:
+    /// flow control measures growth from here.
+    flow_floor: (u64, u64),
 }
 
 impl QueueState {
+    fn ready_count(&self) -> usize {
+        self.ready.len() + self.paged.len()
+    }
+
+    /// Moves the flow floor down to the backlog when the queue drained
+    /// below it.
+    fn lower_flow_floor(&mut self) {
+        let backlog = self.ready_count() as u64;
+        self.flow_floor = (
+            self.flow_floor.0.min(backlog),
+            self.flow_floor.1.min(self.ready_bytes),
+        );
+    }
+
+    fn take_resident(&mut self) -> Option<QueuedMessage> {
+        let entry = self.ready.pop_front()?;
+        let body_size = entry.message.body_size() as u64;
+        self.ready_bytes -= body_size;
+        self.resident_bytes -= body_size;
+        Some(entry)
+    }
+
+    /// Paged messages that left the queue for good.
+    fn forget_paged<'a>(&mut self, messages: impl IntoIterator<Item = &'a PagedMessage>) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.append_acks(
+                messages
+                    .into_iter()
+                    .map(|paged| (paged.offset, paged.segment())),
+            );
+        }
+    }
+
     /// Messages that left the queue for good are acked in the journal.
     /// The iterator is always consumed, journal or not.
     fn forget<'a>(&mut self, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
@@ -133,6 +196,7 @@ impl Queue {
             options,
             limits,
             store_id: None,
+            storage: None,
             state: Mutex::new(QueueState::default()),
             deleted: AtomicBool::new(false),
             congested: AtomicBool::new(false),
@@ -162,26 +226,72 @@ impl Queue {
             .any(|consumer| consumer.connection_id == connection_id)
     }
 
-    /// Re-evaluates congestion after the backlog or the consumers changed.
-    fn update_congestion(&self, state: &QueueState) {
-        let congested = self.is_congested();
-        if !congested {
-            let over =
-                state.ready.len() > FLOW_BACKLOG_MESSAGES || state.ready_bytes > FLOW_BACKLOG_BYTES;
-            if over && !state.consumers.is_empty() && !self.is_deleted() {
+    /// Re-evaluates congestion after the backlog, the consumers or the
+    /// journal's unwritten bytes changed. A queue is congested while its
+    /// backlog grows faster than consumers drain it, or while the disk is
+    /// behind with its journal.
+    fn update_congestion(self: &Arc<Self>, state: &mut QueueState) {
+        let backlog = (state.ready_count() as u64, state.ready_bytes);
+        if state.consumers.is_empty() {
+            state.flow_floor = backlog;
+        } else {
+            state.lower_flow_floor();
+        }
+        let floor = state.flow_floor;
+        let unwritten = state
+            .journal
+            .as_ref()
+            .map_or(0, |journal| journal.unwritten_bytes());
+        let unwritten_max = self
+            .storage
+            .as_ref()
+            .map_or(u64::MAX, |storage| storage.settings.unwritten_bytes_max);
+        if !self.is_congested() {
+            let flow_over = !state.consumers.is_empty()
+                && (backlog.0 > floor.0 + FLOW_BACKLOG_MESSAGES as u64
+                    || backlog.1 > floor.1 + FLOW_BACKLOG_BYTES);
+            let store_over = unwritten > unwritten_max;
+            if (flow_over || store_over) && !self.is_deleted() {
                 self.congested.store(true, Ordering::Release);
+                if store_over {
+                    self.request_written_signal(state);
+                }
             }
         } else {
-            let drained = state.ready.len() <= FLOW_BACKLOG_MESSAGES / 2
-                && state.ready_bytes <= FLOW_BACKLOG_BYTES / 2;
-            if drained || state.consumers.is_empty() || self.is_deleted() {
+            let flow_drained = state.consumers.is_empty()
+                || (backlog.0 <= floor.0 + FLOW_BACKLOG_MESSAGES as u64 / 2
+                    && backlog.1 <= floor.1 + FLOW_BACKLOG_BYTES / 2);
+            let store_drained = unwritten <= unwritten_max / 2;
+            if (flow_drained && store_drained) || self.is_deleted() {
                 self.congested.store(false, Ordering::Release);
                 self.uncongested.notify_waiters();
+            } else if !store_drained {
+                self.request_written_signal(state);
             }
         }
     }
 
-    /// A durable queue: with a journal, and the messages recovered from it.
+    /// Asks the sync thread to tell this queue when it wrote the journal's
+    /// buffer, so that publishers paused for the disk resume.
+    fn request_written_signal(self: &Arc<Self>, state: &mut QueueState) {
+        let Some(journal) = state.journal.as_ref() else {
+            return;
+        };
+        if !state.written_signal_set {
+            let queue = Arc::downgrade(self);
+            journal.log().set_written_signal(Box::new(move || {
+                if let Some(queue) = queue.upgrade() {
+                    let mut state = queue.lock();
+                    queue.update_congestion(&mut state);
+                }
+            }));
+            state.written_signal_set = true;
+        }
+        journal.log().request_written_signal();
+    }
+
+    /// A durable queue: with a journal, and the messages recovered from it,
+    /// paged until consumers need them.
     pub fn with_journal(
         name: Arc<str>,
         vhost: Arc<str>,
@@ -195,9 +305,9 @@ impl Queue {
             state.ready_bytes = recovered
                 .messages
                 .iter()
-                .map(|entry| entry.message.body_size() as u64)
+                .map(|paged| paged.body_size as u64)
                 .sum();
-            state.ready = recovered.messages.into();
+            state.paged = recovered.messages.into();
             state.next_offset = recovered.next_offset;
             state.journal = Some(recovered.journal);
         }
@@ -205,7 +315,10 @@ impl Queue {
     }
 
     pub fn is_durable_store(&self) -> bool {
-        self.lock().journal.is_some()
+        self.lock()
+            .journal
+            .as_ref()
+            .is_some_and(|journal| journal.is_durable())
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -242,9 +355,10 @@ impl Queue {
             // Routed to a queue being deleted: lost with it, as in RabbitMQ.
             return PublishOutcome::Enqueued(None);
         }
+        let body_size = message.body_size() as u64;
         if self.limits.is_limited() && self.limits.overflow != Overflow::DropHead {
-            let length_after = state.ready.len() as u64 + 1;
-            let bytes_after = state.ready_bytes + message.body_size() as u64;
+            let length_after = state.ready_count() as u64 + 1;
+            let bytes_after = state.ready_bytes + body_size;
             if self.limits.exceeded(length_after, bytes_after) {
                 return PublishOutcome::Rejected;
             }
@@ -252,12 +366,16 @@ impl Queue {
         let offset = state.next_offset;
         state.next_offset += 1;
         let mut durability = None;
-        let mut segment = None;
+        let mut written_at = None;
         if message.properties.is_persistent() {
-            if let Some(journal) = state.journal.as_mut() {
+            if let Some(journal) = state
+                .journal
+                .as_mut()
+                .filter(|journal| journal.is_durable())
+            {
                 match journal.append_message(offset, &message) {
-                    Some((written_to, ticket)) => {
-                        segment = Some(written_to);
+                    Some((location, ticket)) => {
+                        written_at = Some(location);
                         durability = Some(ticket);
                     }
                     // The journal failed: the message cannot be made durable.
@@ -265,32 +383,80 @@ impl Queue {
                 }
             }
         }
-        state.ready_bytes += message.body_size() as u64;
-        state.ready.push_back(QueuedMessage {
-            offset,
-            message,
-            redelivered: false,
-            segment,
-        });
-        self.dispatch_locked(&mut state);
+        state.ready_bytes += body_size;
+        let paged = self
+            .page_out_location(&mut state, offset, &message, written_at)
+            .map(|location| PagedMessage::new(offset, location, message.body_size(), false));
+        match paged {
+            Some(paged) => state.paged.push_back(paged),
+            None => {
+                state.resident_bytes += body_size;
+                state.ready.push_back(QueuedMessage {
+                    offset,
+                    message,
+                    redelivered: false,
+                    segment: written_at.map(|location| location.segment),
+                });
+                self.dispatch_locked(&mut state);
+            }
+        }
         if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
-        self.update_congestion(&state);
+        self.update_congestion(&mut state);
         PublishOutcome::Enqueued(durability)
+    }
+
+    /// Where a new message waits on disk when the in-memory window is full
+    /// (or earlier messages are already paged: order is kept); None keeps
+    /// it in memory. A persistent message of a durable queue is on disk
+    /// already; others are written to the journal for the purpose.
+    fn page_out_location(
+        &self,
+        state: &mut QueueState,
+        offset: u64,
+        message: &Message,
+        written_at: Option<Location>,
+    ) -> Option<Location> {
+        let storage = self.storage.as_ref()?;
+        let window_full = state.ready.len() >= storage.settings.resident_messages_max
+            || state.resident_bytes + message.body_size() as u64
+                > storage.settings.resident_bytes_max;
+        if state.paged.is_empty() && !window_full {
+            return None;
+        }
+        if written_at.is_some() {
+            return written_at;
+        }
+        if state.journal.is_none() {
+            let dir = storage
+                .paging_dir
+                .join(format!("{:016x}", rand::random::<u64>()));
+            match QueueJournal::create_paging(&dir, Arc::clone(&storage.group), &storage.settings) {
+                Ok(journal) => state.journal = Some(journal),
+                Err(error) => {
+                    tracing::warn!(queue = %self.name, %error, "cannot page messages out; keeping them in memory");
+                    return None;
+                }
+            }
+        }
+        state.journal.as_mut()?.append_paged(offset, message)
     }
 
     /// Drops the oldest ready messages until the queue is within its limits.
     fn drop_head_over_limits(&self, state: &mut QueueState) {
         while self
             .limits
-            .exceeded(state.ready.len() as u64, state.ready_bytes)
+            .exceeded(state.ready_count() as u64, state.ready_bytes)
         {
-            let Some(dropped) = state.ready.pop_front() else {
+            if let Some(dropped) = state.take_resident() {
+                state.forget([&dropped]);
+            } else if let Some(dropped) = state.paged.pop_front() {
+                state.ready_bytes -= dropped.body_size as u64;
+                state.forget_paged([&dropped]);
+            } else {
                 break;
-            };
-            state.ready_bytes -= dropped.message.body_size() as u64;
-            state.forget([&dropped]);
+            }
         }
     }
 
@@ -307,8 +473,35 @@ impl Queue {
                 break;
             }
         }
+        if !state.paged.is_empty() {
+            self.read_ahead_if_low(state);
+        }
+        state.lower_flow_floor();
         if self.is_congested() {
             self.update_congestion(state);
+        }
+    }
+
+    /// Asks the pager to read paged messages back once the in-memory window
+    /// is half empty and consumers wait for them.
+    fn read_ahead_if_low(self: &Arc<Self>, state: &mut QueueState) {
+        let Some(storage) = self.storage.as_ref() else {
+            return;
+        };
+        let low = state.ready.len() < storage.settings.resident_messages_max / 2
+            && state.resident_bytes < storage.settings.resident_bytes_max / 2;
+        if low && !state.consumers.is_empty() {
+            self.request_pager(state);
+        }
+    }
+
+    fn request_pager(self: &Arc<Self>, state: &mut QueueState) {
+        if state.pager_requested || self.is_deleted() {
+            return;
+        }
+        if let Some(storage) = self.storage.as_ref() {
+            state.pager_requested = true;
+            storage.pager.request(Arc::clone(self));
         }
     }
 
@@ -342,6 +535,7 @@ impl Queue {
                 match consumer.sink.deliver(consumer, self, entry) {
                     Ok(()) => {
                         state.ready_bytes -= body_size;
+                        state.resident_bytes -= body_size;
                         if !no_ack {
                             state.unacked += 1;
                         } else if let (Some(persisted), Some(journal)) =
@@ -361,21 +555,212 @@ impl Queue {
         false
     }
 
-    /// basic.get: the head message and the count left behind it.
-    pub fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+    /// basic.get: the head message and the count left behind it. A paged
+    /// head is read from disk here, under the lock: basic.get answers now,
+    /// and it is not the path that throughput depends on.
+    pub fn get(self: &Arc<Self>, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let mut state = self.lock();
-        let entry = state.ready.pop_front()?;
-        state.ready_bytes -= entry.message.body_size() as u64;
+        let entry = loop {
+            if let Some(entry) = state.take_resident() {
+                break entry;
+            }
+            let paged = state.paged.pop_front()?;
+            state.ready_bytes -= paged.body_size as u64;
+            match self.read_paged(&state, &paged) {
+                Some(message) => {
+                    break QueuedMessage {
+                        offset: paged.offset,
+                        message: Arc::new(message),
+                        redelivered: paged.redelivered(),
+                        segment: Some(paged.segment()),
+                    }
+                }
+                None => state.forget_paged([&paged]),
+            }
+        };
         if !no_ack {
             state.unacked += 1;
         } else {
             state.forget([&entry]);
         }
-        let remaining = state.ready.len() as u32;
+        let remaining = state.ready_count() as u32;
+        state.lower_flow_floor();
         if self.is_congested() {
-            self.update_congestion(&state);
+            self.update_congestion(&mut state);
         }
         Some((entry, remaining))
+    }
+
+    /// Reads a paged message back; None (logged) when the disk fails it.
+    fn read_paged(&self, state: &QueueState, paged: &PagedMessage) -> Option<Message> {
+        let journal = state.journal.as_ref()?;
+        let location = journal.resolve(paged.offset, paged.location());
+        match read_message(journal.log(), location) {
+            Ok(message) => Some(message),
+            Err(error) => {
+                tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
+                None
+            }
+        }
+    }
+
+    /// The pager's work for this queue: read paged messages back into the
+    /// window while consumers wait for them, then compact the journal if a
+    /// run of old segments is pinned by a few live messages.
+    pub(crate) fn run_pager_work(self: &Arc<Self>) {
+        self.page_in();
+        self.compact();
+        let mut state = self.lock();
+        state.pager_requested = false;
+        // Anything that came up while the pager worked is picked up here,
+        // under the same lock that requests it.
+        if !state.paged.is_empty() {
+            self.read_ahead_if_low(&mut state);
+        }
+        let wants_compaction = state
+            .journal
+            .as_ref()
+            .is_some_and(|journal| journal.wants_compaction());
+        if wants_compaction && !state.pager_requested {
+            self.request_pager(&mut state);
+        }
+    }
+
+    fn page_in(self: &Arc<Self>) {
+        let Some(storage) = self.storage.as_ref() else {
+            return;
+        };
+        let settings = &storage.settings;
+        loop {
+            // Copy out what to read, under the lock.
+            let (batch, log) = {
+                let state = self.lock();
+                let room = settings
+                    .resident_messages_max
+                    .saturating_sub(state.ready.len())
+                    .min(settings.read_batch_messages());
+                let Some(journal) = state.journal.as_ref() else {
+                    return;
+                };
+                if room == 0
+                    || state.paged.is_empty()
+                    || state.consumers.is_empty()
+                    || self.is_deleted()
+                    || state.resident_bytes >= settings.resident_bytes_max
+                {
+                    return;
+                }
+                let mut bytes = state.resident_bytes;
+                let batch: Vec<(PagedMessage, Location)> = state
+                    .paged
+                    .iter()
+                    .take(room)
+                    .take_while(|paged| {
+                        bytes += paged.body_size as u64;
+                        bytes <= settings.resident_bytes_max || bytes == paged.body_size as u64
+                    })
+                    .map(|paged| (*paged, journal.resolve(paged.offset, paged.location())))
+                    .collect();
+                (batch, Arc::clone(journal.log()))
+            };
+            if batch.is_empty() {
+                return;
+            }
+            // Read without it: publishers keep appending meanwhile.
+            let read: Vec<_> = batch
+                .iter()
+                .map(|(_, location)| read_message(&log, *location))
+                .collect();
+            // Hand over what is still wanted: a purge or a basic.get may
+            // have taken some of the batch meanwhile.
+            let mut state = self.lock();
+            for ((paged, _), message) in batch.iter().zip(read) {
+                match state.paged.front() {
+                    Some(front) if front.offset == paged.offset => {}
+                    _ => continue,
+                }
+                state.paged.pop_front();
+                match message {
+                    Ok(message) => {
+                        state.resident_bytes += paged.body_size as u64;
+                        state.ready.push_back(QueuedMessage {
+                            offset: paged.offset,
+                            message: Arc::new(message),
+                            redelivered: paged.redelivered(),
+                            segment: Some(paged.segment()),
+                        });
+                    }
+                    Err(error) => {
+                        tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
+                        state.ready_bytes -= paged.body_size as u64;
+                        state.forget_paged([paged]);
+                    }
+                }
+            }
+            while !state.ready.is_empty() && !state.consumers.is_empty() {
+                if !self.deliver_one(&mut state) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Moves the live messages out of a run of sparse old segments so the
+    /// run can be deleted. Scanning happens off the lock; moving is a copy
+    /// into the journal's buffer under it.
+    fn compact(self: &Arc<Self>) {
+        let (segments, log) = {
+            let state = self.lock();
+            let Some(journal) = state.journal.as_ref() else {
+                return;
+            };
+            if !journal.wants_compaction() {
+                return;
+            }
+            (journal.compaction_segments(), Arc::clone(journal.log()))
+        };
+        let mut moved = 0;
+        for segment in segments {
+            let found = match QueueJournal::scan_messages(&log, segment) {
+                Ok(Some(found)) => found,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(queue = %self.name, segment, %error, "cannot scan a segment for compaction");
+                    continue;
+                }
+            };
+            let mut state = self.lock();
+            let Some(journal) = state.journal.as_mut() else {
+                return;
+            };
+            let live: Vec<_> = found
+                .into_iter()
+                .filter(|found| journal.is_live(found))
+                .map(|found| found.detach())
+                .collect();
+            moved += journal.relocate(live);
+        }
+        let waits_for = self
+            .lock()
+            .journal
+            .as_ref()
+            .and_then(|journal| journal.reclaim_waits_for());
+        if let Some(sequence) = waits_for {
+            // The old copies go only once the moved ones are durable.
+            let deadline = std::time::Instant::now() + COMPACTION_SYNC_WAIT_MAX;
+            while !log.is_synced(sequence) && !log.has_failed() {
+                if std::time::Instant::now() > deadline {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        if let Some(journal) = self.lock().journal.as_mut() {
+            journal.reclaim(true);
+        }
+        if moved > 0 {
+            tracing::info!(queue = %self.name, moved, "compacted the journal: moved live messages out of old segments");
+        }
     }
 
     /// Consumers acked (or rejected without requeue) these messages. The
@@ -387,6 +772,13 @@ impl Queue {
         state.forget(messages.into_iter().inspect(|_| count += 1));
         state.unacked = state.unacked.saturating_sub(count);
         self.dispatch_locked(&mut state);
+        let wants_compaction = state
+            .journal
+            .as_ref()
+            .is_some_and(|journal| journal.wants_compaction());
+        if wants_compaction {
+            self.request_pager(&mut state);
+        }
     }
 
     /// Puts messages back at their original positions, marked redelivered,
@@ -399,8 +791,11 @@ impl Queue {
                 continue;
             }
             entry.redelivered = true;
-            state.ready_bytes += entry.message.body_size() as u64;
-            // Requeues are usually of the oldest messages: search from the front.
+            let body_size = entry.message.body_size() as u64;
+            state.ready_bytes += body_size;
+            state.resident_bytes += body_size;
+            // Requeues are usually of the oldest messages: search from the
+            // front. Every paged message is newer than a delivered one.
             let position = state
                 .ready
                 .partition_point(|queued| queued.offset < entry.offset);
@@ -425,6 +820,10 @@ impl Queue {
                 self.name, self.vhost
             )));
         }
+        if state.consumers.is_empty() {
+            // Flow measures the backlog's growth from where it is now.
+            state.flow_floor = (state.ready_count() as u64, state.ready_bytes);
+        }
         let position = state
             .consumers
             .partition_point(|existing| existing.priority >= consumer.priority);
@@ -436,7 +835,7 @@ impl Queue {
     }
 
     pub fn remove_consumer(
-        &self,
+        self: &Arc<Self>,
         connection_id: ConnectionId,
         channel_id: u16,
         tag: &str,
@@ -448,7 +847,7 @@ impl Queue {
                 && &*consumer.tag == tag
         })?;
         let consumer = state.consumers.remove(index);
-        self.update_congestion(&state);
+        self.update_congestion(&mut state);
         let queue_now_unused = self.options.auto_delete
             && state.had_consumer
             && state.consumers.is_empty()
@@ -460,19 +859,27 @@ impl Queue {
     }
 
     /// Drops every ready message; messages out with consumers stay out.
-    pub fn purge(&self) -> u32 {
+    pub fn purge(self: &Arc<Self>) -> u32 {
         let mut state = self.lock();
-        let purged = state.ready.len() as u32;
+        let purged = state.ready_count() as u32;
         let ready = std::mem::take(&mut state.ready);
         state.forget(&ready);
+        let paged = std::mem::take(&mut state.paged);
+        state.forget_paged(&paged);
         state.ready_bytes = 0;
-        self.update_congestion(&state);
+        state.resident_bytes = 0;
+        self.update_congestion(&mut state);
         purged
     }
 
     /// Ready messages, as queue.declare-ok and basic.get-ok count them.
     pub fn message_count(&self) -> u32 {
-        self.lock().ready.len() as u32
+        self.lock().ready_count() as u32
+    }
+
+    /// Ready messages whose bodies are on disk only.
+    pub fn paged_count(&self) -> u32 {
+        self.lock().paged.len() as u32
     }
 
     pub fn consumer_count(&self) -> u32 {
@@ -487,19 +894,29 @@ impl Queue {
         self.lock().ready_bytes
     }
 
+    /// Segments in the queue's journal holding live messages.
+    pub fn journal_segment_count(&self) -> usize {
+        self.lock()
+            .journal
+            .as_ref()
+            .map_or(0, |journal| journal.segment_count())
+    }
+
     /// Marks the queue deleted and empties it. Returns the consumers, whom
     /// the caller notifies with basic.cancel, and the number of ready
     /// messages dropped.
-    pub fn mark_deleted(&self) -> (Vec<Arc<Consumer>>, u32) {
+    pub fn mark_deleted(self: &Arc<Self>) -> (Vec<Arc<Consumer>>, u32) {
         let mut state = self.lock();
         self.deleted.store(true, Ordering::Release);
-        let dropped = state.ready.len() as u32;
+        let dropped = state.ready_count() as u32;
         state.ready.clear();
+        state.paged.clear();
         state.ready_bytes = 0;
+        state.resident_bytes = 0;
         if let Some(journal) = state.journal.take() {
             journal.destroy();
         }
-        self.update_congestion(&state);
+        self.update_congestion(&mut state);
         (std::mem::take(&mut state.consumers), dropped)
     }
 }

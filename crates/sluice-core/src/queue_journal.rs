@@ -1,14 +1,25 @@
-//! A durable queue's journal: its persistent messages and their acks, in a
-//! segment log, and the recovery that rebuilds the queue from it.
+//! A queue's journal: a segment log holding its persistent messages, the
+//! messages it paged out, and acks; and the recovery that rebuilds a durable
+//! queue from it.
 //!
-//! Records: a message (`offset`, exchange, routing key, raw properties,
-//! body) when a persistent message enters the queue; a list of offsets when
-//! messages leave it for good (acked, dropped, purged). Recovery replays
-//! both: what was written and never acked comes back, marked redelivered.
+//! Records:
+//! - a message (`offset`, exchange, routing key, raw properties, body): a
+//!   persistent message entering a durable queue (`MESSAGE`), or any
+//!   message written only to page it out of memory (`PAGED`, never
+//!   recovered: transient messages are gone after a restart);
+//! - the same, moved forward by compaction (`MOVED`, `MOVED_PAGED`);
+//! - a list of offsets of messages that left the queue for good (acked,
+//!   dropped, purged).
+//!
+//! Recovery replays them: a persistent message written and never acked
+//! comes back, marked redelivered, as a reference to its record; the body
+//! stays on disk until the queue reads it back.
 //!
 //! Segments are reclaimed whole, oldest first: a segment can go once every
 //! message in it has left the queue and every older segment is gone (its
-//! ack records then refer only to messages that no longer exist).
+//! ack records then refer only to messages that no longer exist). When a
+//! few old messages pin a run of otherwise dead segments, compaction moves
+//! them to the head of the log, and the run goes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -17,19 +28,30 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes};
 use sluice_store::group_commit::{Location, Sequence};
 use sluice_store::log::SegmentLog;
+use sluice_store::record::RECORD_HEADER_SIZE;
 use sluice_store::{GroupCommit, LogBuffer, StoreError};
 use sluice_wire::content::RawProperties;
 
 use crate::message::Message;
-use crate::queue::QueuedMessage;
+use crate::paging::{PagedMessage, StoreSettings};
+use crate::segment_liveness::SegmentLiveness;
 
 const KIND_MESSAGE: u8 = 1;
 const KIND_ACKS: u8 = 2;
+const KIND_PAGED: u8 = 3;
+const KIND_MOVED: u8 = 4;
+const KIND_MOVED_PAGED: u8 = 5;
 
-/// Segment files of a queue's journal roll over at this size. Large enough
-/// that rolling is rare, small enough that a segment with a few live
-/// messages does not pin much disk.
-pub const JOURNAL_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Offsets per ack record: a purge of millions of messages is written as
+/// many records of at most 512 KiB, never one that outgrows a segment.
+const ACKS_PER_RECORD_MAX: usize = 64 * 1024;
+
+/// Compaction runs when the oldest segments, each sparse (at most one live
+/// message in sixteen), make a run at least this long: the run's dead bytes
+/// are then at least this many segments' worth, and moving its few live
+/// messages costs a sixteenth of that at most. A deep queue drained in
+/// order never qualifies: only its oldest segment is ever sparse.
+pub const COMPACTION_RUN_SEGMENTS_MIN: u64 = 4;
 
 /// A persistent message is durable once its log has synced past this.
 #[derive(Clone)]
@@ -51,19 +73,48 @@ impl Durability {
 pub struct QueueJournal {
     log: Arc<LogBuffer>,
     group: Arc<GroupCommit>,
-    /// Messages still in the queue, per segment, oldest segment first.
-    live_by_segment: BTreeMap<u64, u64>,
+    /// False for the paging file of a non-durable queue: nothing in it is
+    /// ever recovered, so acks are not written.
+    durable: bool,
+    /// Which messages each segment still holds, oldest segment first.
+    liveness: BTreeMap<u64, SegmentLiveness>,
+    /// Where compaction moved live messages to, by offset.
+    relocated: HashMap<u64, Location>,
+    /// Segments emptied by compaction are deleted only once the moved
+    /// copies are durable.
+    reclaim_after: Option<Sequence>,
+    /// A run of sparse segments is waiting for compaction.
+    compaction_wanted: bool,
 }
 
 /// A queue rebuilt from its journal.
 pub struct RecoveredQueue {
     pub journal: QueueJournal,
-    /// Messages never acked, in offset order.
-    pub messages: Vec<QueuedMessage>,
+    /// Messages never acked, in offset order, bodies on disk.
+    pub messages: Vec<PagedMessage>,
     pub next_offset: u64,
 }
 
-fn encode_message(offset: u64, message: &Message) -> [Vec<u8>; 1] {
+/// A message record found by scanning a segment for compaction.
+pub struct FoundMessage {
+    offset: u64,
+    location: Location,
+    kind: u8,
+    payload: Bytes,
+}
+
+impl FoundMessage {
+    /// Copies the record out of the scanned segment's buffer, so that the
+    /// few records kept do not hold the whole segment in memory.
+    pub fn detach(self) -> Self {
+        FoundMessage {
+            payload: Bytes::copy_from_slice(&self.payload),
+            ..self
+        }
+    }
+}
+
+fn message_head(offset: u64, message: &Message) -> Vec<u8> {
     let mut head =
         Vec::with_capacity(8 + 2 + message.exchange.len() + message.routing_key.len() + 4);
     head.extend_from_slice(&offset.to_be_bytes());
@@ -72,7 +123,25 @@ fn encode_message(offset: u64, message: &Message) -> [Vec<u8>; 1] {
     head.push(message.routing_key.len() as u8);
     head.extend_from_slice(&message.routing_key);
     head.extend_from_slice(&(message.properties.as_bytes().len() as u32).to_be_bytes());
-    [head]
+    head
+}
+
+/// The offset of a message record and the size of its body.
+fn peek_message(payload: &[u8]) -> Option<(u64, usize)> {
+    let offset = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
+    let exchange_length = *payload.get(8)? as usize;
+    let routing_key_at = 9 + exchange_length;
+    let routing_key_length = *payload.get(routing_key_at)? as usize;
+    let properties_at = routing_key_at + 1 + routing_key_length;
+    let properties_length = u32::from_be_bytes(
+        payload
+            .get(properties_at..properties_at + 4)?
+            .try_into()
+            .ok()?,
+    ) as usize;
+    let body_at = properties_at + 4 + properties_length;
+    let body_size = payload.len().checked_sub(body_at)?;
+    Some((offset, body_size))
 }
 
 fn decode_message(mut payload: Bytes) -> Option<(u64, Message)> {
@@ -109,75 +178,156 @@ fn decode_message(mut payload: Bytes) -> Option<(u64, Message)> {
     ))
 }
 
+fn invalid_record(what: &str) -> StoreError {
+    StoreError::io(
+        "reading a message back",
+        std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned()),
+    )
+}
+
+/// Reads the message at `location` back from `log`. Runs off the queue's
+/// lock: the pager reads this way while publishers keep appending.
+pub fn read_message(log: &LogBuffer, location: Location) -> Result<Message, StoreError> {
+    let record = log.read(location)?;
+    if !matches!(
+        record.kind,
+        KIND_MESSAGE | KIND_PAGED | KIND_MOVED | KIND_MOVED_PAGED
+    ) {
+        return Err(invalid_record("the record is not a message"));
+    }
+    decode_message(record.payload)
+        .map(|(_, message)| message)
+        .ok_or_else(|| invalid_record("the message record does not decode"))
+}
+
 impl QueueJournal {
-    /// Opens (or creates) the journal in `dir` and replays it.
-    pub fn recover(dir: &Path, group: Arc<GroupCommit>) -> Result<RecoveredQueue, StoreError> {
-        let (log, records) = SegmentLog::recover(dir)?;
-        let mut messages: HashMap<u64, (u64, Message)> = HashMap::new();
+    fn new(log: Arc<LogBuffer>, group: Arc<GroupCommit>, durable: bool) -> Self {
+        QueueJournal {
+            log,
+            group,
+            durable,
+            liveness: BTreeMap::new(),
+            relocated: HashMap::new(),
+            reclaim_after: None,
+            compaction_wanted: false,
+        }
+    }
+
+    /// Opens (or creates) a durable queue's journal in `dir` and replays it,
+    /// one segment in memory at a time.
+    pub fn recover(
+        dir: &Path,
+        group: Arc<GroupCommit>,
+        settings: &StoreSettings,
+    ) -> Result<RecoveredQueue, StoreError> {
+        struct Live {
+            message: PagedMessage,
+            moved: bool,
+        }
+        let mut live: HashMap<u64, Live> = HashMap::new();
+        let mut records_by_segment: BTreeMap<u64, u64> = BTreeMap::new();
         let mut next_offset = 0;
         let mut corrupt = 0usize;
-        for found in records {
-            match found.record.kind {
-                KIND_MESSAGE => match decode_message(found.record.payload) {
-                    Some((offset, message)) => {
-                        next_offset = next_offset.max(offset + 1);
-                        messages.insert(offset, (found.segment, message));
+        let log = SegmentLog::recover(dir, |found| {
+            let kind = found.record.kind;
+            let payload = &found.record.payload;
+            match kind {
+                KIND_MESSAGE | KIND_MOVED | KIND_PAGED | KIND_MOVED_PAGED => {
+                    let Some((offset, body_size)) = peek_message(payload) else {
+                        corrupt += 1;
+                        return;
+                    };
+                    next_offset = u64::max(next_offset, offset + 1);
+                    *records_by_segment.entry(found.segment).or_insert(0) += 1;
+                    if matches!(kind, KIND_MESSAGE | KIND_MOVED) {
+                        let location = Location {
+                            segment: found.segment,
+                            position: found.position,
+                            length: (RECORD_HEADER_SIZE + 1 + payload.len()) as u32,
+                        };
+                        // A moved copy replaces the original it was made from.
+                        live.insert(
+                            offset,
+                            Live {
+                                message: PagedMessage::new(offset, location, body_size, true),
+                                moved: kind == KIND_MOVED,
+                            },
+                        );
                     }
-                    None => corrupt += 1,
-                },
+                }
                 KIND_ACKS => {
-                    let mut payload = found.record.payload;
-                    while payload.len() >= 8 {
-                        messages.remove(&payload.get_u64());
+                    let mut offsets = &payload[..];
+                    while offsets.len() >= 8 {
+                        live.remove(&offsets.get_u64());
                     }
                 }
                 _ => corrupt += 1,
             }
-        }
+        })?;
         if corrupt > 0 {
             tracing::warn!(dir = %dir.display(), corrupt, "skipped journal records that do not decode");
         }
-        let log = LogBuffer::new(log, JOURNAL_SEGMENT_BYTES);
-        let mut live_by_segment = BTreeMap::new();
-        let mut recovered: Vec<QueuedMessage> = messages
-            .into_iter()
-            .map(|(offset, (segment, message))| {
-                *live_by_segment.entry(segment).or_insert(0) += 1;
-                QueuedMessage {
-                    offset,
-                    message: Arc::new(message),
-                    // It may have been delivered before the restart.
-                    redelivered: true,
-                    segment: Some(segment),
-                }
-            })
+        let log = LogBuffer::new(log, settings.segment_size_bytes);
+        let mut journal = QueueJournal::new(log, group, true);
+        let mut messages: Vec<(PagedMessage, bool)> = live
+            .into_values()
+            .map(|live| (live.message, live.moved))
             .collect();
-        recovered.sort_unstable_by_key(|entry| entry.offset);
-        let mut journal = QueueJournal {
-            log,
-            group,
-            live_by_segment,
-        };
+        messages.sort_unstable_by_key(|(message, _)| message.offset);
+        for (message, moved) in &messages {
+            let segment = journal.liveness.entry(message.segment()).or_default();
+            if *moved {
+                segment.add_moved_in();
+                journal.relocated.insert(message.offset, message.location());
+            } else {
+                segment.mark_live(message.offset);
+            }
+        }
+        for (segment, records) in records_by_segment {
+            if let Some(liveness) = journal.liveness.get_mut(&segment) {
+                liveness.set_records(records);
+            }
+        }
         journal.reclaim(true);
         Ok(RecoveredQueue {
             journal,
-            messages: recovered,
+            messages: messages.into_iter().map(|(message, _)| message).collect(),
             next_offset,
         })
     }
 
-    /// Appends a persistent message; returns its segment and what to wait
-    /// for before confirming it. None when the journal has failed.
-    pub fn append_message(&mut self, offset: u64, message: &Message) -> Option<(u64, Durability)> {
-        let [head] = encode_message(offset, message);
-        let (location, sequence): (Location, Sequence) = self.log.append(
-            &self.group,
-            KIND_MESSAGE,
-            &[&head, message.properties.as_bytes(), &message.body],
-        )?;
-        *self.live_by_segment.entry(location.segment).or_insert(0) += 1;
+    /// A new, empty paging file for a non-durable queue in `dir`, replacing
+    /// anything left there.
+    pub fn create_paging(
+        dir: &Path,
+        group: Arc<GroupCommit>,
+        settings: &StoreSettings,
+    ) -> Result<Self, StoreError> {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(StoreError::io(format!("clearing {}", dir.display()), error)),
+        }
+        let log = SegmentLog::recover(dir, |_| {})?;
+        let log = LogBuffer::new(log, settings.segment_size_bytes);
+        Ok(QueueJournal::new(log, group, false))
+    }
+
+    pub fn is_durable(&self) -> bool {
+        self.durable
+    }
+
+    /// Appends a persistent message of a durable queue; returns where it
+    /// lives and what to wait for before confirming it. None when the
+    /// journal has failed.
+    pub fn append_message(
+        &mut self,
+        offset: u64,
+        message: &Message,
+    ) -> Option<(Location, Durability)> {
+        let (location, sequence) = self.append_native(KIND_MESSAGE, offset, message)?;
         Some((
-            location.segment,
+            location,
             Durability {
                 log: Arc::clone(&self.log),
                 sequence,
@@ -185,48 +335,272 @@ impl QueueJournal {
         ))
     }
 
-    /// Records that these messages left the queue for good. Acks need no
-    /// fsync of their own: losing one in a crash only means a redelivery.
-    /// Takes (offset, segment) pairs of persisted messages.
-    pub fn append_acks(&mut self, messages: impl IntoIterator<Item = (u64, u64)>) {
-        let mut offsets = Vec::new();
-        for (offset, segment) in messages {
-            offsets.extend_from_slice(&offset.to_be_bytes());
-            if let Some(live) = self.live_by_segment.get_mut(&segment) {
-                *live = live.saturating_sub(1);
-            }
-        }
-        if offsets.is_empty() {
-            return;
-        }
-        let _ = self
-            .log
-            .append_unsynced(&self.group, KIND_ACKS, &[&offsets]);
-        self.reclaim(false);
+    /// Writes a message only to page it out of memory: no fsync, and it is
+    /// not recovered after a restart.
+    pub fn append_paged(&mut self, offset: u64, message: &Message) -> Option<Location> {
+        self.append_native(KIND_PAGED, offset, message)
+            .map(|(location, _)| location)
     }
 
-    /// Deletes the oldest segments once nothing in them is live. Touches the
-    /// files only when a segment died (or `always`, at recovery): the log's
+    fn append_native(
+        &mut self,
+        kind: u8,
+        offset: u64,
+        message: &Message,
+    ) -> Option<(Location, Sequence)> {
+        let head_segment = self.log.head_segment();
+        if self
+            .liveness
+            .get(&head_segment)
+            .is_some_and(|liveness| liveness.would_exceed_span(offset))
+        {
+            self.log.start_new_segment();
+        }
+        let head = message_head(offset, message);
+        let parts: [&[u8]; 3] = [&head, message.properties.as_bytes(), &message.body];
+        let (location, sequence) = if kind == KIND_MESSAGE {
+            self.log.append(&self.group, kind, &parts)?
+        } else {
+            self.log.append_unsynced(&self.group, kind, &parts)?
+        };
+        self.liveness
+            .entry(location.segment)
+            .or_default()
+            .mark_live(offset);
+        Some((location, sequence))
+    }
+
+    /// Records that these messages left the queue for good. Acks need no
+    /// fsync of their own: losing one in a crash only means a redelivery.
+    /// Takes (offset, segment) pairs of messages written to this journal.
+    pub fn append_acks(&mut self, messages: impl IntoIterator<Item = (u64, u64)>) {
+        let mut offsets = Vec::new();
+        let mut emptied = false;
+        for (offset, segment) in messages {
+            if self.durable {
+                offsets.extend_from_slice(&offset.to_be_bytes());
+                if offsets.len() >= ACKS_PER_RECORD_MAX * 8 {
+                    self.write_acks(&offsets);
+                    offsets.clear();
+                }
+            }
+            let relocated = if self.relocated.is_empty() {
+                None
+            } else {
+                self.relocated.remove(&offset)
+            };
+            emptied |= match relocated {
+                Some(location) => {
+                    self.liveness
+                        .get_mut(&location.segment)
+                        .is_some_and(|liveness| {
+                            liveness.remove_moved_in();
+                            liveness.live() == 0
+                        })
+                }
+                None => self
+                    .liveness
+                    .get_mut(&segment)
+                    .is_some_and(|liveness| liveness.mark_dead(offset) && liveness.live() == 0),
+            };
+        }
+        if !offsets.is_empty() {
+            self.write_acks(&offsets);
+        }
+        if emptied {
+            self.reclaim(false);
+        }
+    }
+
+    fn write_acks(&self, offsets: &[u8]) {
+        let _ = self.log.append_unsynced(&self.group, KIND_ACKS, &[offsets]);
+    }
+
+    /// Where the message at `offset`, last known at `location`, is now.
+    pub fn resolve(&self, offset: u64, location: Location) -> Location {
+        if self.relocated.is_empty() {
+            return location;
+        }
+        self.relocated.get(&offset).copied().unwrap_or(location)
+    }
+
+    /// The log, for reading messages back without the queue's lock.
+    pub fn log(&self) -> &Arc<LogBuffer> {
+        &self.log
+    }
+
+    /// Bytes appended and not yet written to the file.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.log.unwritten_bytes()
+    }
+
+    /// Deletes the oldest segments once nothing in them is live, and notes
+    /// when a run of sparse segments is worth compacting. Touches the files
+    /// only when a segment emptied (or `always`, at recovery): the log's
     /// lock is also held by the sync thread across an fsync, and an ack must
     /// not wait for that.
-    fn reclaim(&mut self, always: bool) {
+    pub fn reclaim(&mut self, mut always: bool) {
+        if let Some(sequence) = self.reclaim_after {
+            if !self.log.is_synced(sequence) {
+                return;
+            }
+            self.reclaim_after = None;
+            always = true;
+        }
         let head = self.log.head_segment();
         let mut first_needed = head;
         let mut died = false;
-        while let Some((&segment, &live)) = self.live_by_segment.first_key_value() {
-            if live > 0 || segment >= head {
+        while let Some((&segment, liveness)) = self.liveness.first_key_value() {
+            if liveness.live() > 0 || segment >= head {
                 first_needed = segment.min(head);
                 break;
             }
-            self.live_by_segment.remove(&segment);
+            self.liveness.remove(&segment);
             died = true;
         }
-        if !died && !always {
-            return;
+        if died || always {
+            if let Err(error) = self.log.remove_segments_before(first_needed) {
+                tracing::warn!(%error, "could not delete a fully acked journal segment");
+            }
         }
-        if let Err(error) = self.log.remove_segments_before(first_needed) {
-            tracing::warn!(%error, "could not delete a fully acked journal segment");
+        self.compaction_wanted = !self.compaction_run(head).is_empty();
+    }
+
+    /// The live-holding segments of the oldest run of sparse segments, when
+    /// the run is long enough to be worth compacting.
+    fn compaction_run(&self, head: u64) -> Vec<u64> {
+        let Some((&oldest, _)) = self.liveness.first_key_value() else {
+            return Vec::new();
+        };
+        let mut run_end = head;
+        for (&segment, liveness) in self.liveness.range(oldest..) {
+            if segment >= head || !liveness.is_sparse() {
+                run_end = segment.min(head);
+                break;
+            }
         }
+        if run_end.saturating_sub(oldest) < COMPACTION_RUN_SEGMENTS_MIN {
+            return Vec::new();
+        }
+        self.liveness
+            .range(oldest..run_end)
+            .filter(|(_, liveness)| liveness.live() > 0)
+            .map(|(&segment, _)| segment)
+            .collect()
+    }
+
+    /// Whether a run of sparse segments waits for compaction.
+    pub fn wants_compaction(&self) -> bool {
+        self.compaction_wanted && self.reclaim_after.is_none()
+    }
+
+    /// The segments to scan for compaction, and the log to scan them in.
+    pub fn compaction_segments(&self) -> Vec<u64> {
+        self.compaction_run(self.log.head_segment())
+    }
+
+    /// Scans one segment for its message records. Runs off the queue's
+    /// lock; only the live ones are moved, which [`Self::relocate`] checks
+    /// under it. None while the segment is still partly buffered.
+    pub fn scan_messages(
+        log: &LogBuffer,
+        segment: u64,
+    ) -> Result<Option<Vec<FoundMessage>>, StoreError> {
+        let Some(records) = log.scan_segment(segment)? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            records
+                .into_iter()
+                .filter(|(_, record)| {
+                    matches!(
+                        record.kind,
+                        KIND_MESSAGE | KIND_PAGED | KIND_MOVED | KIND_MOVED_PAGED
+                    )
+                })
+                .filter_map(|(location, record)| {
+                    let (offset, _) = peek_message(&record.payload)?;
+                    Some(FoundMessage {
+                        offset,
+                        location,
+                        kind: record.kind,
+                        payload: record.payload,
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    /// Whether a found record is still the live copy of its message.
+    pub fn is_live(&self, found: &FoundMessage) -> bool {
+        match self.relocated.get(&found.offset) {
+            Some(location) => *location == found.location,
+            None => self
+                .liveness
+                .get(&found.location.segment)
+                .is_some_and(|liveness| liveness.is_live(found.offset)),
+        }
+    }
+
+    /// Moves the still-live messages among `found` to the head of the log.
+    /// Their old segments are deleted once the copies are durable. Returns
+    /// how many moved.
+    pub fn relocate(&mut self, found: Vec<FoundMessage>) -> usize {
+        let mut moved = 0;
+        for message in found {
+            if !self.is_live(&message) {
+                continue;
+            }
+            let persistent = matches!(message.kind, KIND_MESSAGE | KIND_MOVED);
+            let kind = if persistent {
+                KIND_MOVED
+            } else {
+                KIND_MOVED_PAGED
+            };
+            let appended = if persistent {
+                self.log.append(&self.group, kind, &[&message.payload])
+            } else {
+                self.log
+                    .append_unsynced(&self.group, kind, &[&message.payload])
+            };
+            let Some((location, _)) = appended else {
+                break;
+            };
+            let old_segment = message.location.segment;
+            if let Some(old) = self.liveness.get_mut(&old_segment) {
+                if self.relocated.contains_key(&message.offset) {
+                    old.remove_moved_in();
+                } else {
+                    old.mark_dead(message.offset);
+                }
+            }
+            self.relocated.insert(message.offset, location);
+            self.liveness
+                .entry(location.segment)
+                .or_default()
+                .add_moved_in();
+            moved += 1;
+        }
+        if moved > 0 {
+            // An empty ack record that needs the disk: the round carrying it
+            // fsyncs everything before it, the moved copies included, and the
+            // old segments may go once it is synced.
+            if let Some((_, sequence)) = self.log.append(&self.group, KIND_ACKS, &[&[]]) {
+                self.reclaim_after = Some(sequence);
+            }
+        }
+        self.compaction_wanted = false;
+        moved
+    }
+
+    /// The sequence the moved copies wait for, if any.
+    pub fn reclaim_waits_for(&self) -> Option<Sequence> {
+        self.reclaim_after
+    }
+
+    /// Segment files of this journal, for tests and reports.
+    pub fn segment_count(&self) -> usize {
+        self.liveness.len()
     }
 
     /// The queue was deleted: its journal goes with it.

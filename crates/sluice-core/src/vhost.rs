@@ -414,17 +414,20 @@ impl VirtualHost {
             Some(store) if options.durable && options.exclusive_owner.is_none() => Some(store),
             _ => None,
         };
-        let queue = match journaled {
+        let mut queue = match journaled {
             Some(store) => {
                 let store_id = new_store_id();
-                let recovered =
-                    QueueJournal::recover(&store.queue_dir(&store_id), Arc::clone(&store.group))
-                        .map_err(|error| {
-                            AmqpError::new(
-                                ReplyCode::InternalError,
-                                format!("cannot create the journal of {what}: {error}"),
-                            )
-                        })?;
+                let recovered = QueueJournal::recover(
+                    &store.queue_dir(&store_id),
+                    Arc::clone(&store.group),
+                    &store.storage.settings,
+                )
+                .map_err(|error| {
+                    AmqpError::new(
+                        ReplyCode::InternalError,
+                        format!("cannot create the journal of {what}: {error}"),
+                    )
+                })?;
                 let mut queue = Queue::with_journal(
                     Arc::clone(&name),
                     Arc::clone(&self.name),
@@ -433,15 +436,12 @@ impl VirtualHost {
                     recovered,
                 );
                 queue.store_id = Some(store_id);
-                Arc::new(queue)
+                queue
             }
-            None => Arc::new(Queue::new(
-                Arc::clone(&name),
-                Arc::clone(&self.name),
-                options,
-                limits,
-            )),
+            None => Queue::new(Arc::clone(&name), Arc::clone(&self.name), options, limits),
         };
+        queue.storage = self.store.as_ref().map(|store| Arc::clone(&store.storage));
+        let queue = Arc::new(queue);
         queues.insert(name, Arc::clone(&queue));
         drop(queues);
         if queue.store_id.is_some() {
@@ -807,6 +807,7 @@ impl VirtualHost {
                 let recovered = match QueueJournal::recover(
                     &store.queue_dir(&definition.store_id),
                     Arc::clone(&store.group),
+                    &store.storage.settings,
                 ) {
                     Ok(recovered) => recovered,
                     Err(error) => {
@@ -830,6 +831,7 @@ impl VirtualHost {
                     recovered,
                 );
                 queue.store_id = Some(definition.store_id.clone());
+                queue.storage = Some(Arc::clone(&store.storage));
                 queues.insert(name, Arc::new(queue));
             }
         }

@@ -13,6 +13,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use crate::store_config::{self, StoreConfig, STORE_KEYS};
+
 /// AMQP 0-9-1 `FRAME-MIN-SIZE`: the smallest `frame_max` a peer may negotiate. RabbitMQ uses
 /// the same floor.
 pub const FRAME_MAX_MIN: u32 = 4096;
@@ -65,6 +67,8 @@ pub struct Config {
     /// Disk alarm threshold: free bytes below which publishers are blocked
     /// (`disk_free_limit.absolute`, e.g. `50000000`, `50MB`, `2GiB`). Default 50 000 000.
     pub disk_free_limit_bytes: u64,
+    /// How queues keep messages on disk (`store.*`).
+    pub store: StoreConfig,
 }
 
 /// RabbitMQ's default `max_message_size`: 128 MiB.
@@ -87,6 +91,7 @@ impl Default for Config {
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: 0.4,
             disk_free_limit_bytes: 50_000_000,
+            store: StoreConfig::default(),
         }
     }
 }
@@ -296,6 +301,19 @@ impl Config {
                         invalid("expected a number of bytes with an optional unit: 50000000, 50MB, 500MiB, 2GB, 2GiB, 1TB")
                     })?;
                 }
+                _ if key.starts_with("store.") => {
+                    match store_config::apply(&mut config.store, key, value, parse_information_unit)
+                    {
+                        Some(result) => result.map_err(|expected| invalid(&expected))?,
+                        None => {
+                            return Err(ConfigError::UnknownKey {
+                                line,
+                                key: key.to_owned(),
+                                suggestion: closest_key(key),
+                            })
+                        }
+                    }
+                }
                 _ => {
                     if let Some(user) = key.strip_prefix("loopback_users.") {
                         let enabled = match value {
@@ -436,6 +454,7 @@ fn closest_key(key: &str) -> Option<&'static str> {
     const TYPO_DISTANCE_MAX: usize = 3;
     KNOWN_KEYS
         .iter()
+        .chain(STORE_KEYS)
         .map(|known| (edit_distance(key, known), *known))
         .filter(|(distance, _)| *distance <= TYPO_DISTANCE_MAX)
         .min_by_key(|(distance, _)| *distance)

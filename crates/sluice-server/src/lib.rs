@@ -23,5 +23,6 @@ pub mod limits;
 pub mod outbox;
 pub mod server;
 pub mod settings;
+pub mod store_config;
 
 pub use server::{run, start, RunningServer, ServerError};

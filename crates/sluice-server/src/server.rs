@@ -40,6 +40,7 @@ pub struct RunningServer {
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     group_commit: Arc<GroupCommit>,
+    store: Arc<DefinitionStore>,
 }
 
 impl RunningServer {
@@ -49,7 +50,12 @@ impl RunningServer {
         let _ = self.task.await;
         // Write what the last publishes buffered before the process goes.
         let group_commit = self.group_commit;
-        let _ = tokio::task::spawn_blocking(move || group_commit.stop()).await;
+        let store = self.store;
+        let _ = tokio::task::spawn_blocking(move || {
+            store.stop();
+            group_commit.stop();
+        })
+        .await;
     }
 }
 
@@ -68,11 +74,15 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     // Readers waiting to confirm persistent messages are woken after every
     // sync round.
     let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
-    let group_commit = GroupCommit::start(move |round, _failed| {
+    let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
         let _ = durable_rounds_sender.send(round);
     });
-    let (store, definitions) = DefinitionStore::open(&config.data_dir, Arc::clone(&group_commit))
-        .map_err(|error| {
+    let (store, definitions) = DefinitionStore::open(
+        &config.data_dir,
+        Arc::clone(&group_commit),
+        config.store.settings.clone(),
+    )
+    .map_err(|error| {
         group_commit.stop();
         ServerError::Store(error)
     })?;
@@ -83,7 +93,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
             default_vhost: config.default_vhost.clone(),
             loopback_users: config.loopback_users.clone(),
         },
-        Some((store, definitions)),
+        Some((Arc::clone(&store), definitions)),
     ));
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
@@ -116,6 +126,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         shutdown,
         task,
         group_commit,
+        store,
     })
 }
 

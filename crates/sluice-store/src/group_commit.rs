@@ -8,14 +8,20 @@
 //! log's next sequence number, and a log's `synced_sequence` says up to which
 //! append its bytes are on disk.
 
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
 use crate::log::SegmentLog;
 use crate::record::{decode_record, encode_record, Record, RECORD_HEADER_SIZE};
+use crate::segment::{segment_path, Segment};
 use crate::StoreError;
 
 /// Where a record lives: segment id and byte position of the record start.
@@ -34,6 +40,9 @@ struct Pending {
     /// Bytes appended but not yet written, per segment, with the position
     /// of their first byte.
     chunks: Vec<(u64, u64, BytesMut)>,
+    /// Chunks the sync thread took and is writing: readers find them here
+    /// until they are in the file.
+    writing: Vec<(u64, u64, Bytes)>,
     head_segment: u64,
     head_size: u64,
     next_sequence: Sequence,
@@ -49,9 +58,23 @@ struct Pending {
 pub struct LogBuffer {
     pending: Mutex<Pending>,
     log: Mutex<SegmentLog>,
+    dir: PathBuf,
     segment_size_max: u64,
     synced_sequence: AtomicU64,
+    /// Bytes appended and not yet written to the file: what a slow disk
+    /// leaves in memory. Owners bound it by pausing their writers.
+    unwritten_bytes: AtomicU64,
+    /// Read-only handles on written segments. Readers use these, never the
+    /// log's lock, which the sync thread holds across an fsync.
+    readers: Mutex<BTreeMap<u64, Arc<File>>>,
+    /// Called by the sync thread after a round wrote this log, when a writer
+    /// asked for it with [`LogBuffer::request_written_signal`].
+    written_signal: Mutex<Option<WrittenSignal>>,
+    written_signal_requested: AtomicBool,
 }
+
+/// What the sync thread calls when a log's buffer was written out.
+pub type WrittenSignal = Box<dyn Fn() + Send + Sync>;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
@@ -63,7 +86,13 @@ impl LogBuffer {
     pub fn new(log: SegmentLog, segment_size_max: u64) -> Arc<Self> {
         let (head_segment, head_size) = log.head().unwrap_or((1, 0));
         Arc::new(LogBuffer {
+            dir: log.dir.clone(),
+            unwritten_bytes: AtomicU64::new(0),
+            readers: Mutex::new(BTreeMap::new()),
+            written_signal: Mutex::new(None),
+            written_signal_requested: AtomicBool::new(false),
             pending: Mutex::new(Pending {
+                writing: Vec::new(),
                 chunks: Vec::new(),
                 head_segment,
                 head_size,
@@ -137,6 +166,8 @@ impl LogBuffer {
             }
         }
         pending.head_size += length as u64;
+        self.unwritten_bytes
+            .fetch_add(length as u64, Ordering::Relaxed);
         let sequence = pending.next_sequence;
         pending.next_sequence += 1;
         Some((
@@ -159,29 +190,52 @@ impl LogBuffer {
         lock(&self.pending).failed
     }
 
-    /// Reads back the record at `location`, from the buffer when it has not
-    /// been written yet.
+    /// Reads back the record at `location`: from the buffer when it has not
+    /// been written yet, else from the file, without waiting for a sync.
     pub fn read(&self, location: Location) -> Result<Record, StoreError> {
-        let bytes = {
+        let buffered = {
             let pending = lock(&self.pending);
-            pending.chunks.iter().find_map(|(segment, start, bytes)| {
-                let end = start + bytes.len() as u64;
-                (*segment == location.segment
-                    && location.position >= *start
-                    && location.position < end)
-                    .then(|| {
-                        let offset = (location.position - start) as usize;
-                        Bytes::copy_from_slice(&bytes[offset..offset + location.length as usize])
-                    })
-            })
+            let written = pending
+                .writing
+                .iter()
+                .map(|(segment, start, bytes)| (*segment, *start, &bytes[..]));
+            let unwritten = pending
+                .chunks
+                .iter()
+                .map(|(segment, start, bytes)| (*segment, *start, &bytes[..]));
+            written
+                .chain(unwritten)
+                .find_map(|(segment, start, bytes)| {
+                    let end = start + bytes.len() as u64;
+                    (segment == location.segment
+                        && location.position >= start
+                        && location.position < end)
+                        .then(|| {
+                            let offset = (location.position - start) as usize;
+                            Bytes::copy_from_slice(
+                                &bytes[offset..offset + location.length as usize],
+                            )
+                        })
+                })
         };
-        let bytes = match bytes {
+        let bytes = match buffered {
             Some(bytes) => bytes,
-            None => lock(&self.log).read(
-                location.segment,
-                location.position,
-                location.length as usize,
-            )?,
+            None => {
+                let file = self.reader(location.segment)?;
+                let mut bytes = vec![0; location.length as usize];
+                file.read_exact_at(&mut bytes, location.position)
+                    .map_err(|error| {
+                        StoreError::io(
+                            format!(
+                                "reading segment {} of {}",
+                                location.segment,
+                                self.dir.display()
+                            ),
+                            error,
+                        )
+                    })?;
+                Bytes::from(bytes)
+            }
         };
         decode_record(&bytes)
             .map(|(record, _)| record)
@@ -193,6 +247,83 @@ impl LogBuffer {
             })
     }
 
+    fn reader(&self, segment: u64) -> Result<Arc<File>, StoreError> {
+        let mut readers = lock(&self.readers);
+        if let Some(file) = readers.get(&segment) {
+            return Ok(Arc::clone(file));
+        }
+        let path = segment_path(&self.dir, segment);
+        let file = Arc::new(
+            File::open(&path)
+                .map_err(|error| StoreError::io(format!("opening {}", path.display()), error))?,
+        );
+        readers.insert(segment, Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Every valid record of a segment that is completely written, with its
+    /// location; None while part of the segment is still buffered.
+    pub fn scan_segment(
+        &self,
+        segment: u64,
+    ) -> Result<Option<Vec<(Location, Record)>>, StoreError> {
+        {
+            let pending = lock(&self.pending);
+            let buffered = pending.head_segment <= segment
+                || pending.chunks.iter().any(|(id, _, _)| *id == segment)
+                || pending.writing.iter().any(|(id, _, _)| *id == segment);
+            if buffered {
+                return Ok(None);
+            }
+        }
+        let scan = Segment::scan(&segment_path(&self.dir, segment))?;
+        Ok(Some(
+            scan.records
+                .into_iter()
+                .map(|(position, record)| {
+                    let location = Location {
+                        segment,
+                        position,
+                        length: (RECORD_HEADER_SIZE + 1 + record.payload.len()) as u32,
+                    };
+                    (location, record)
+                })
+                .collect(),
+        ))
+    }
+
+    /// Bytes appended but not yet handed to the file.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.unwritten_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets what the sync thread calls after writing this log, once asked.
+    pub fn set_written_signal(&self, signal: WrittenSignal) {
+        *lock(&self.written_signal) = Some(signal);
+    }
+
+    /// Asks for the written signal after the next round that writes this log.
+    pub fn request_written_signal(&self) {
+        self.written_signal_requested.store(true, Ordering::Release);
+    }
+
+    fn signal_written(&self) {
+        if self.written_signal_requested.swap(false, Ordering::AcqRel) {
+            if let Some(signal) = lock(&self.written_signal).as_ref() {
+                signal();
+            }
+        }
+    }
+
+    /// Sends the next append to a new segment.
+    pub fn start_new_segment(&self) {
+        let mut pending = lock(&self.pending);
+        if pending.head_size > 0 {
+            pending.head_segment += 1;
+            pending.head_size = 0;
+        }
+    }
+
     /// The segment that appends currently go to.
     pub fn head_segment(&self) -> u64 {
         lock(&self.pending).head_segment
@@ -200,6 +331,8 @@ impl LogBuffer {
 
     /// Deletes whole segments older than `segment`.
     pub fn remove_segments_before(&self, segment: u64) -> Result<usize, StoreError> {
+        // Dropping the read handles lets the file system free the space.
+        lock(&self.readers).retain(|id, _| *id >= segment);
         lock(&self.log).remove_segments_before(segment)
     }
 
@@ -209,6 +342,8 @@ impl LogBuffer {
         pending.destroyed = true;
         pending.chunks.clear();
         drop(pending);
+        lock(&self.readers).clear();
+        *lock(&self.written_signal) = None;
         let mut log = lock(&self.log);
         let dir = log.dir.clone();
         log.remove_segments_before(u64::MAX)?;
@@ -227,20 +362,31 @@ impl LogBuffer {
             if pending.destroyed {
                 return Ok(());
             }
+            let chunks: Vec<(u64, u64, Bytes)> = std::mem::take(&mut pending.chunks)
+                .into_iter()
+                .map(|(segment, start, bytes)| (segment, start, bytes.freeze()))
+                .collect();
+            pending.writing.clone_from(&chunks);
             (
-                std::mem::take(&mut pending.chunks),
+                chunks,
                 pending.next_sequence - 1,
                 std::mem::take(&mut pending.needs_sync),
             )
         };
         let mut log = lock(&self.log);
         let mut written_segments = Vec::new();
+        let mut written_bytes = 0;
         for (segment, _, bytes) in &chunks {
             log.write(*segment, bytes)?;
+            written_bytes += bytes.len() as u64;
             if !written_segments.contains(segment) {
                 written_segments.push(*segment);
             }
         }
+        // In the page cache now: readers go to the file from here on.
+        lock(&self.pending).writing.clear();
+        self.unwritten_bytes
+            .fetch_sub(written_bytes, Ordering::Relaxed);
         // Every append that needs the disk set `needs_sync`; when none did,
         // the sequence still advances: all earlier durable appends were
         // synced by earlier rounds.
@@ -258,6 +404,8 @@ impl LogBuffer {
         let mut pending = lock(&self.pending);
         pending.failed = true;
         pending.chunks.clear();
+        pending.writing.clear();
+        self.unwritten_bytes.store(0, Ordering::Relaxed);
     }
 }
 
@@ -268,6 +416,9 @@ pub struct GroupCommit {
     stop: AtomicBool,
     rounds: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Rounds start at most this often: a longer interval gathers more
+    /// appends into each fsync, for disks where an fsync is expensive.
+    sync_interval: Duration,
 }
 
 /// How many rounds have completed; readers compare it to know when to look
@@ -277,9 +428,14 @@ pub type DurableEpoch = u64;
 impl GroupCommit {
     /// Starts the sync thread. `on_round` runs on it after every round, with
     /// the round count and the logs that failed in it, so the caller can wake
-    /// whoever waits for durability.
-    pub fn start(on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static) -> Arc<Self> {
+    /// whoever waits for durability. Rounds start at most once per
+    /// `sync_interval`; zero starts one as soon as anything is appended.
+    pub fn start(
+        sync_interval: Duration,
+        on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
+    ) -> Arc<Self> {
         let group = Arc::new(GroupCommit {
+            sync_interval,
             dirty: Mutex::new(Vec::new()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -305,7 +461,12 @@ impl GroupCommit {
     }
 
     fn run(&self, on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>])) {
+        let mut round_started = Instant::now();
         loop {
+            let since_last = round_started.elapsed();
+            if since_last < self.sync_interval && !self.stop.load(Ordering::Acquire) {
+                std::thread::sleep(self.sync_interval - since_last);
+            }
             let logs = {
                 let mut dirty = lock(&self.dirty);
                 while dirty.is_empty() && !self.stop.load(Ordering::Acquire) {
@@ -319,6 +480,7 @@ impl GroupCommit {
                 }
                 std::mem::take(&mut *dirty)
             };
+            round_started = Instant::now();
             let mut failed = Vec::new();
             for log in &logs {
                 if let Err(error) = log.write_and_sync() {
@@ -326,6 +488,7 @@ impl GroupCommit {
                     log.mark_failed();
                     failed.push(Arc::clone(log));
                 }
+                log.signal_written();
             }
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
             on_round(round, &failed);
@@ -346,15 +509,14 @@ impl GroupCommit {
 mod tests {
     use super::*;
     use std::sync::mpsc;
-    use std::time::Duration;
 
     #[test]
     fn group_commit_syncs_appends_and_reads_them_back() {
         let dir = crate::log::tests::temp_dir("group");
-        let (log, _) = SegmentLog::recover(&dir).unwrap();
+        let (log, _) = SegmentLog::recover_all(&dir).unwrap();
         let buffer = LogBuffer::new(log, 256);
         let (rounds_sender, rounds) = mpsc::channel();
-        let group = GroupCommit::start(move |round, failed| {
+        let group = GroupCommit::start(Duration::ZERO, move |round, failed| {
             assert!(failed.is_empty());
             let _ = rounds_sender.send(round);
         });
@@ -384,7 +546,7 @@ mod tests {
         assert!(locations.last().unwrap().segment > 1);
         group.stop();
         drop(buffer);
-        let (_, records) = SegmentLog::recover(&dir).unwrap();
+        let (_, records) = SegmentLog::recover_all(&dir).unwrap();
         assert_eq!(records.len(), 20);
         assert!(records
             .iter()

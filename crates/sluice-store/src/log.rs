@@ -25,10 +25,11 @@ pub struct SegmentLog {
 }
 
 impl SegmentLog {
-    /// Opens the log in `dir` (created when missing) and returns every valid
-    /// record, oldest first. A torn or corrupt tail of any segment is cut off
-    /// and logged; the records before it are kept.
-    pub fn recover(dir: &Path) -> Result<(Self, Vec<RecoveredRecord>), StoreError> {
+    /// Opens the log in `dir` (created when missing) and hands every valid
+    /// record to `visit`, oldest first, one segment in memory at a time. A
+    /// torn or corrupt tail of any segment is cut off and logged; the records
+    /// before it are kept.
+    pub fn recover(dir: &Path, mut visit: impl FnMut(RecoveredRecord)) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
         let mut ids: Vec<u64> = std::fs::read_dir(dir)
@@ -38,7 +39,6 @@ impl SegmentLog {
             .collect();
         ids.sort_unstable();
         let mut segments = BTreeMap::new();
-        let mut recovered = Vec::new();
         for id in ids {
             let mut segment = Segment::open(dir, id)?;
             let scan = Segment::scan(&segment.path)?;
@@ -53,7 +53,7 @@ impl SegmentLog {
                 segment.truncate(scan.valid_length)?;
             }
             for (position, record) in scan.records {
-                recovered.push(RecoveredRecord {
+                visit(RecoveredRecord {
                     segment: id,
                     position,
                     record,
@@ -61,13 +61,17 @@ impl SegmentLog {
             }
             segments.insert(id, segment);
         }
-        Ok((
-            SegmentLog {
-                dir: dir.to_path_buf(),
-                segments,
-            },
-            recovered,
-        ))
+        Ok(SegmentLog {
+            dir: dir.to_path_buf(),
+            segments,
+        })
+    }
+
+    /// Recovers the log and collects its records: for tests and small logs.
+    pub fn recover_all(dir: &Path) -> Result<(Self, Vec<RecoveredRecord>), StoreError> {
+        let mut records = Vec::new();
+        let log = Self::recover(dir, |record| records.push(record))?;
+        Ok((log, records))
     }
 
     /// The newest segment's id and size, where appends continue.
@@ -163,7 +167,7 @@ pub(crate) mod tests {
     #[test]
     fn log_recovery_truncates_a_torn_tail() {
         let dir = temp_dir("torn");
-        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        let (mut log, records) = SegmentLog::recover_all(&dir).unwrap();
         assert!(records.is_empty());
         log.write(1, &record_bytes(1, b"first")).unwrap();
         log.write(1, &record_bytes(1, b"second")).unwrap();
@@ -178,7 +182,7 @@ pub(crate) mod tests {
         file.write_all(&torn[..torn.len() - 3]).unwrap();
         drop(file);
 
-        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        let (mut log, records) = SegmentLog::recover_all(&dir).unwrap();
         let payloads: Vec<&[u8]> = records
             .iter()
             .map(|found| &found.record.payload[..])
@@ -187,7 +191,7 @@ pub(crate) mod tests {
         // Appends continue after the valid prefix.
         log.write(1, &record_bytes(1, b"fourth")).unwrap();
         drop(log);
-        let (_, records) = SegmentLog::recover(&dir).unwrap();
+        let (_, records) = SegmentLog::recover_all(&dir).unwrap();
         assert_eq!(records.len(), 3);
         assert_eq!(&records[2].record.payload[..], b"fourth");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -196,7 +200,7 @@ pub(crate) mod tests {
     #[test]
     fn log_recovery_stops_at_a_flipped_byte_and_removes_old_segments() {
         let dir = temp_dir("flipped");
-        let (mut log, _) = SegmentLog::recover(&dir).unwrap();
+        let (mut log, _) = SegmentLog::recover_all(&dir).unwrap();
         log.write(1, &record_bytes(1, b"old")).unwrap();
         log.write(2, &record_bytes(1, b"good")).unwrap();
         log.write(2, &record_bytes(1, b"will be flipped")).unwrap();
@@ -207,7 +211,7 @@ pub(crate) mod tests {
         contents[last] ^= 0x01;
         std::fs::write(&path, contents).unwrap();
 
-        let (mut log, records) = SegmentLog::recover(&dir).unwrap();
+        let (mut log, records) = SegmentLog::recover_all(&dir).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records[1].segment, 2);
         assert_eq!(log.segment_ids(), vec![1, 2]);

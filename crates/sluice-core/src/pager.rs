@@ -1,0 +1,102 @@
+//! The pager: one thread per node that does a queue's slow disk work off
+//! the paths that publish and deliver. It reads paged messages back into a
+//! queue's window as consumers drain it, and compacts a journal whose old
+//! segments are pinned by a few live messages.
+//!
+//! Disk reads happen without the queue's lock, so publishers into a queue
+//! that consumers are catching up on keep publishing at their own rate: the
+//! pager takes the lock only to copy out what to read and to hand over what
+//! it read.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use sluice_store::GroupCommit;
+
+use crate::paging::StoreSettings;
+use crate::queue::Queue;
+
+/// What queues need from the node to page and journal messages.
+pub struct QueueStorage {
+    pub group: Arc<GroupCommit>,
+    pub pager: Arc<Pager>,
+    pub settings: StoreSettings,
+    /// Paging files of non-durable queues live here, one directory each;
+    /// emptied at start, since nothing in them outlives the process.
+    pub paging_dir: PathBuf,
+}
+
+pub struct Pager {
+    /// Queues with work waiting, each at most once (the queue keeps a flag),
+    /// so this holds at most as many entries as the node has queues.
+    work: Mutex<VecDeque<Arc<Queue>>>,
+    wake: Condvar,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Pager {
+    pub fn start() -> Arc<Self> {
+        let pager = Arc::new(Pager {
+            work: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let worker = Arc::clone(&pager);
+        let thread = std::thread::Builder::new()
+            .name("sluice-pager".into())
+            .spawn(move || worker.run())
+            .expect("the pager thread starts");
+        *lock(&pager.thread) = Some(thread);
+        pager
+    }
+
+    /// Asks for `queue`'s paging work to be done. The queue calls this at
+    /// most once until the pager has looked at it.
+    pub fn request(&self, queue: Arc<Queue>) {
+        lock(&self.work).push_back(queue);
+        self.wake.notify_one();
+    }
+
+    fn run(&self) {
+        loop {
+            let queue = {
+                let mut work = lock(&self.work);
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Some(queue) = work.pop_front() {
+                        break queue;
+                    }
+                    work = self
+                        .wake
+                        .wait(work)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            };
+            queue.run_pager_work();
+        }
+    }
+
+    /// Stops the thread after the work in hand; queued work is dropped
+    /// (the node is stopping).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.notify_all();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+        lock(&self.work).clear();
+    }
+}

@@ -1,0 +1,121 @@
+//! Paging: every queue keeps at most a window of ready messages in memory
+//! (its head); the rest wait on disk in the queue's journal as 24-byte
+//! references, as RabbitMQ's lazy queues do. The [`crate::pager::Pager`]
+//! reads the window full again as consumers drain it.
+//!
+//! A shallow queue (consumers keeping up) never reaches the window and never
+//! touches the disk for paging: the cost is one comparison per publish.
+
+use sluice_store::group_commit::Location;
+
+/// Storage settings a node's queues share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreSettings {
+    /// Journal segments roll over at this size. Large enough that rolling is
+    /// rare; small enough that a segment holding a few live messages does
+    /// not pin much disk before compaction moves them.
+    pub segment_size_bytes: u64,
+    /// Ready messages a queue keeps in memory before it pages the rest:
+    /// the read-ahead window. The flow bound on a queue with consumers is
+    /// 1024 messages, so a queue whose consumers keep up stays within it.
+    pub resident_messages_max: usize,
+    /// The same window in body bytes, for large messages.
+    pub resident_bytes_max: u64,
+    /// Bytes a queue's journal may hold in memory, waiting for the sync
+    /// thread to write them, before the queue pauses its publishers: the
+    /// bound between a queue and the disk.
+    pub unwritten_bytes_max: u64,
+}
+
+/// Segment positions must fit the 31 bits a paged reference has for them.
+pub const SEGMENT_SIZE_BYTES_MAX: u64 = 1 << 30;
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            segment_size_bytes: 64 * 1024 * 1024,
+            resident_messages_max: 2048,
+            resident_bytes_max: 8 * 1024 * 1024,
+            unwritten_bytes_max: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl StoreSettings {
+    /// Ready messages read back per pass of the pager: enough to amortise
+    /// the lock and the wake-ups, few enough that consumers get the first
+    /// ones soon.
+    pub fn read_batch_messages(&self) -> usize {
+        (self.resident_messages_max / 4).clamp(1, 512)
+    }
+}
+
+const REDELIVERED: u32 = 1 << 31;
+
+/// A ready message whose body is on disk only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedMessage {
+    pub offset: u64,
+    segment: u32,
+    /// Byte position in the segment; the top bit marks a redelivery.
+    position_and_redelivered: u32,
+    length: u32,
+    pub body_size: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<PagedMessage>() == 24);
+const _: () = assert!(SEGMENT_SIZE_BYTES_MAX <= REDELIVERED as u64);
+
+impl PagedMessage {
+    pub fn new(offset: u64, location: Location, body_size: usize, redelivered: bool) -> Self {
+        debug_assert!(location.position < SEGMENT_SIZE_BYTES_MAX);
+        let mut position_and_redelivered = location.position as u32;
+        if redelivered {
+            position_and_redelivered |= REDELIVERED;
+        }
+        PagedMessage {
+            offset,
+            segment: location.segment as u32,
+            position_and_redelivered,
+            length: location.length,
+            body_size: body_size as u32,
+        }
+    }
+
+    pub fn location(&self) -> Location {
+        Location {
+            segment: self.segment as u64,
+            position: (self.position_and_redelivered & !REDELIVERED) as u64,
+            length: self.length,
+        }
+    }
+
+    pub fn segment(&self) -> u64 {
+        self.segment as u64
+    }
+
+    pub fn redelivered(&self) -> bool {
+        self.position_and_redelivered & REDELIVERED != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paged_message_keeps_its_location_and_flag() {
+        let location = Location {
+            segment: 7,
+            position: (1 << 30) - 5,
+            length: 1100,
+        };
+        for redelivered in [false, true] {
+            let paged = PagedMessage::new(42, location, 1024, redelivered);
+            assert_eq!(paged.location(), location);
+            assert_eq!(paged.redelivered(), redelivered);
+            assert_eq!(paged.body_size, 1024);
+            assert_eq!(paged.segment(), 7);
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The `store.*` configuration keys: how queues keep messages on disk.
+//! RabbitMQ's classic message store has its own knobs; docs/configuration.md
+//! maps them to these.
+
+use std::time::Duration;
+
+use sluice_core::paging::{StoreSettings, SEGMENT_SIZE_BYTES_MAX};
+
+/// Storage settings from the configuration file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreConfig {
+    pub settings: StoreSettings,
+    /// Least time between the starts of two sync rounds (`store.sync_interval`,
+    /// milliseconds). Default 0: a round starts as soon as anything waits,
+    /// and batches grow with the fsync's own duration.
+    pub sync_interval: Duration,
+}
+
+/// Keys handled here, for the parser's typo suggestions.
+pub const STORE_KEYS: &[&str] = &[
+    "store.segment_size",
+    "store.sync_interval",
+    "store.read_ahead_messages",
+    "store.read_ahead_bytes",
+    "store.write_buffer_max",
+];
+
+/// Segments smaller than this would roll over every few messages.
+const SEGMENT_SIZE_BYTES_MIN: u64 = 1024 * 1024;
+/// A sync interval beyond a second would hold every confirm that long.
+const SYNC_INTERVAL_MS_MAX: u64 = 1000;
+/// The window must hold at least one message; beyond a million, paging
+/// no longer bounds memory in any useful way.
+const READ_AHEAD_MESSAGES_MAX: u64 = 1_000_000;
+
+/// Applies one `store.*` key. Returns None for a key that is not one of
+/// these, or the reason the value is unusable.
+pub fn apply(
+    config: &mut StoreConfig,
+    key: &str,
+    value: &str,
+    parse_bytes: impl Fn(&str) -> Option<u64>,
+) -> Option<Result<(), String>> {
+    let settings = &mut config.settings;
+    let result = match key {
+        "store.segment_size" => parse_bytes(value)
+            .filter(|bytes| (SEGMENT_SIZE_BYTES_MIN..=SEGMENT_SIZE_BYTES_MAX).contains(bytes))
+            .map(|bytes| settings.segment_size_bytes = bytes)
+            .ok_or_else(|| {
+                format!(
+                    "expected a size from {SEGMENT_SIZE_BYTES_MIN} bytes (1MiB) to {SEGMENT_SIZE_BYTES_MAX} (1GiB), e.g. 64MiB"
+                )
+            }),
+        "store.sync_interval" => value
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms <= SYNC_INTERVAL_MS_MAX)
+            .map(|ms| config.sync_interval = Duration::from_millis(ms))
+            .ok_or_else(|| {
+                format!("expected a number of milliseconds from 0 to {SYNC_INTERVAL_MS_MAX}")
+            }),
+        "store.read_ahead_messages" => value
+            .parse::<u64>()
+            .ok()
+            .filter(|count| (1..=READ_AHEAD_MESSAGES_MAX).contains(count))
+            .map(|count| settings.resident_messages_max = count as usize)
+            .ok_or_else(|| {
+                format!("expected a number of messages from 1 to {READ_AHEAD_MESSAGES_MAX}")
+            }),
+        "store.read_ahead_bytes" => parse_bytes(value)
+            .filter(|bytes| *bytes > 0)
+            .map(|bytes| settings.resident_bytes_max = bytes)
+            .ok_or_else(|| "expected a positive size, e.g. 8MiB".to_owned()),
+        "store.write_buffer_max" => parse_bytes(value)
+            .filter(|bytes| *bytes > 0)
+            .map(|bytes| settings.unwritten_bytes_max = bytes)
+            .ok_or_else(|| "expected a positive size, e.g. 64MiB".to_owned()),
+        _ => return None,
+    };
+    Some(result)
+}
