@@ -46,11 +46,12 @@ const KIND_MOVED_PAGED: u8 = 5;
 /// many records of at most 512 KiB, never one that outgrows a segment.
 const ACKS_PER_RECORD_MAX: usize = 64 * 1024;
 
-/// Compaction runs when the oldest segments, each sparse (at most one live
-/// message in sixteen), make a run at least this long: the run's dead bytes
-/// are then at least this many segments' worth, and moving its few live
-/// messages costs a sixteenth of that at most. A deep queue drained in
-/// order never qualifies: only its oldest segment is ever sparse.
+/// Compaction runs when the oldest segments make a run at least this long
+/// that is sparse as a whole (at most one live message in sixteen records):
+/// the run's dead bytes are then most of this many segments, and moving its
+/// few live messages costs a sixteenth of the run at most. A deep queue
+/// drained in order never qualifies: past its oldest segment, everything is
+/// live.
 pub const COMPACTION_RUN_SEGMENTS_MIN: u64 = 4;
 
 /// A persistent message is durable once its log has synced past this.
@@ -466,18 +467,25 @@ impl QueueJournal {
         self.compaction_wanted = !self.compaction_run(head).is_empty();
     }
 
-    /// The live-holding segments of the oldest run of sparse segments, when
-    /// the run is long enough to be worth compacting.
+    /// The live-holding segments of the oldest run of segments that is
+    /// sparse as a whole (at most one live message in sixteen records),
+    /// when the run is long enough to be worth compacting.
     fn compaction_run(&self, head: u64) -> Vec<u64> {
         let Some((&oldest, _)) = self.liveness.first_key_value() else {
             return Vec::new();
         };
-        let mut run_end = head;
-        for (&segment, liveness) in self.liveness.range(oldest..) {
-            if segment >= head || !liveness.is_sparse() {
-                run_end = segment.min(head);
-                break;
+        let (mut live, mut records) = (0, 0);
+        let mut run_end = oldest;
+        for (&segment, liveness) in self.liveness.range(oldest..head) {
+            live += liveness.live();
+            records += liveness.records();
+            if live * 16 <= records {
+                run_end = segment + 1;
             }
+        }
+        // Segments holding only acks have no entry; they count by id.
+        if live * 16 <= records {
+            run_end = head;
         }
         if run_end.saturating_sub(oldest) < COMPACTION_RUN_SEGMENTS_MIN {
             return Vec::new();

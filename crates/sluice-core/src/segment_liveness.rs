@@ -94,10 +94,9 @@ impl SegmentLiveness {
         self.live
     }
 
-    /// Few enough live messages that moving them forward is cheap next to
-    /// the dead bytes it frees: at most one in sixteen records.
-    pub fn is_sparse(&self) -> bool {
-        self.live * 16 <= self.records
+    /// Message records ever written to this segment.
+    pub fn records(&self) -> u64 {
+        self.records
     }
 
     /// Whether an append at `offset` would stretch the bitmap past its bound.
@@ -137,20 +136,19 @@ mod tests {
     }
 
     #[test]
-    fn sparse_once_at_most_one_in_sixteen_live() {
+    fn records_count_every_message_written_and_live_only_the_rest() {
         let mut liveness = SegmentLiveness::default();
         for offset in 0..32 {
             liveness.mark_live(offset);
         }
-        assert!(!liveness.is_sparse());
-        for offset in 0..29 {
+        for offset in 0..30 {
             liveness.mark_dead(offset);
         }
-        assert!(!liveness.is_sparse(), "3 of 32 live");
-        liveness.mark_dead(29);
-        assert!(liveness.is_sparse(), "2 of 32 live");
+        assert_eq!((liveness.live(), liveness.records()), (2, 32));
         liveness.add_moved_in();
-        assert_eq!(liveness.live(), 3);
+        assert_eq!((liveness.live(), liveness.records()), (3, 33));
+        liveness.set_records(40);
+        assert_eq!(liveness.records(), 40);
         assert!(liveness.would_exceed_span(SEGMENT_OFFSET_SPAN_MAX));
         assert!(!liveness.would_exceed_span(SEGMENT_OFFSET_SPAN_MAX - 1));
     }
