@@ -79,3 +79,50 @@ pub fn apply(
     };
     Some(result)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn store_keys_set_the_store_settings() {
+        let config = Config::parse(
+            "store.segment_size = 16MiB\nstore.sync_interval = 5\nstore.read_ahead_messages = 500\nstore.read_ahead_bytes = 2MiB\nstore.write_buffer_max = 32MB\n",
+            Config::default(),
+        )
+        .unwrap();
+        let settings = &config.store.settings;
+        assert_eq!(settings.segment_size_bytes, 16 << 20);
+        assert_eq!(config.store.sync_interval.as_millis(), 5);
+        assert_eq!(settings.resident_messages_max, 500);
+        assert_eq!(settings.resident_bytes_max, 2 << 20);
+        assert_eq!(settings.unwritten_bytes_max, 32_000_000);
+    }
+
+    #[test]
+    fn bad_store_values_name_the_key_and_what_is_expected() {
+        for (line, expected) in [
+            ("store.segment_size = 100KiB", "expected a size from"),
+            ("store.segment_size = 2GiB", "expected a size from"),
+            ("store.sync_interval = 5000", "milliseconds from 0 to 1000"),
+            ("store.read_ahead_messages = 0", "from 1 to"),
+            ("store.read_ahead_bytes = lots", "positive size"),
+        ] {
+            let error = Config::parse(line, Config::default())
+                .unwrap_err()
+                .to_string();
+            let key = line.split(" =").next().unwrap();
+            assert!(
+                error.contains(key) && error.contains(expected),
+                "{line}: {error}"
+            );
+        }
+        let error = Config::parse("store.segment_sise = 1MiB", Config::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("did you mean 'store.segment_size'"),
+            "{error}"
+        );
+    }
+}

@@ -11,7 +11,8 @@ pub mod raw;
 pub struct TestServer {
     pub server: Option<RunningServer>,
     pub address: SocketAddr,
-    _data_dir: tempdir::TempDir,
+    data_dir: std::path::PathBuf,
+    _temporary_dir: tempdir::TempDir,
 }
 
 mod tempdir {
@@ -53,13 +54,33 @@ impl TestServer {
             ..Config::default()
         };
         adjust(&mut config);
+        let config_data_dir = config.data_dir.clone();
         let server = sluice_server::start(config).await.expect("server starts");
         let address = server.local_address;
         TestServer {
             server: Some(server),
             address,
-            _data_dir: data_dir,
+            data_dir: config_data_dir,
+            _temporary_dir: data_dir,
         }
+    }
+
+    /// The data directory this server was started on.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
+    /// A queue of the default vhost, looked up directly in the broker.
+    pub fn queue(&self, name: &str) -> std::sync::Arc<sluice_core::queue::Queue> {
+        let server = self.server.as_ref().expect("the server runs");
+        server
+            .broker
+            .vhost("/")
+            .expect("the default vhost exists")
+            .queues()
+            .into_iter()
+            .find(|queue| &*queue.name == name)
+            .unwrap_or_else(|| panic!("no queue '{name}'"))
     }
 
     pub fn uri(&self) -> String {
