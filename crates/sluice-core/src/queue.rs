@@ -22,6 +22,9 @@ use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueu
 use crate::queue_limits::{Overflow, QueueLimits};
 use sluice_store::group_commit::Location;
 
+/// Paged references a drained queue keeps room for (24 bytes each).
+const PAGED_CAPACITY_KEPT: usize = 4096;
+
 /// How long compaction waits for its moved copies to be synced before it
 /// leaves the old segments for a later pass.
 const COMPACTION_SYNC_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
@@ -696,6 +699,14 @@ impl Queue {
                         state.forget_paged([paged]);
                     }
                 }
+            }
+            // A queue that was deep gives its reference memory back as it
+            // drains.
+            if state.paged.capacity() > PAGED_CAPACITY_KEPT
+                && state.paged.capacity() > 4 * state.paged.len()
+            {
+                let keep = (2 * state.paged.len()).max(PAGED_CAPACITY_KEPT);
+                state.paged.shrink_to(keep);
             }
             while !state.ready.is_empty() && !state.consumers.is_empty() {
                 if !self.deliver_one(&mut state) {

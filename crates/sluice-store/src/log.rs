@@ -19,6 +19,14 @@ pub struct RecoveredRecord {
     pub record: Record,
 }
 
+/// A record as recovery visits it: borrowed from the segment being read.
+pub struct RecordView<'a> {
+    pub segment: u64,
+    pub position: u64,
+    pub kind: u8,
+    pub payload: &'a [u8],
+}
+
 pub struct SegmentLog {
     pub dir: PathBuf,
     segments: BTreeMap<u64, Segment>,
@@ -29,7 +37,7 @@ impl SegmentLog {
     /// record to `visit`, oldest first, one segment in memory at a time. A
     /// torn or corrupt tail of any segment is cut off and logged; the records
     /// before it are kept.
-    pub fn recover(dir: &Path, mut visit: impl FnMut(RecoveredRecord)) -> Result<Self, StoreError> {
+    pub fn recover(dir: &Path, mut visit: impl FnMut(RecordView<'_>)) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
         let mut ids: Vec<u64> = std::fs::read_dir(dir)
@@ -39,25 +47,28 @@ impl SegmentLog {
             .collect();
         ids.sort_unstable();
         let mut segments = BTreeMap::new();
+        // One buffer, grown to the largest segment, for every segment read.
+        let mut buffer = Vec::new();
         for id in ids {
             let mut segment = Segment::open(dir, id)?;
-            let scan = Segment::scan(&segment.path)?;
-            if let Some(reason) = &scan.stopped_by {
+            let (valid_length, stopped_by) =
+                Segment::scan_into(&segment.path, &mut buffer, |position, kind, payload| {
+                    visit(RecordView {
+                        segment: id,
+                        position,
+                        kind,
+                        payload,
+                    })
+                })?;
+            if let Some(reason) = &stopped_by {
                 tracing::warn!(
                     segment = %segment.path.display(),
-                    kept_bytes = scan.valid_length,
-                    dropped_bytes = segment.size - scan.valid_length,
+                    kept_bytes = valid_length,
+                    dropped_bytes = segment.size - valid_length,
                     %reason,
                     "truncating a torn or corrupt segment tail"
                 );
-                segment.truncate(scan.valid_length)?;
-            }
-            for (position, record) in scan.records {
-                visit(RecoveredRecord {
-                    segment: id,
-                    position,
-                    record,
-                });
+                segment.truncate(valid_length)?;
             }
             segments.insert(id, segment);
         }
@@ -70,7 +81,16 @@ impl SegmentLog {
     /// Recovers the log and collects its records: for tests and small logs.
     pub fn recover_all(dir: &Path) -> Result<(Self, Vec<RecoveredRecord>), StoreError> {
         let mut records = Vec::new();
-        let log = Self::recover(dir, |record| records.push(record))?;
+        let log = Self::recover(dir, |view| {
+            records.push(RecoveredRecord {
+                segment: view.segment,
+                position: view.position,
+                record: Record {
+                    kind: view.kind,
+                    payload: Bytes::copy_from_slice(view.payload),
+                },
+            })
+        })?;
         Ok((log, records))
     }
 

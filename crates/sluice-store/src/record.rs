@@ -59,6 +59,20 @@ pub fn encode_record(out: &mut BytesMut, kind: u8, payload_parts: &[&[u8]]) {
 
 /// Reads the record at the start of `bytes`; returns it and its total size.
 pub fn decode_record(bytes: &Bytes) -> Result<(Record, usize), RecordError> {
+    let (kind, payload, total) = decode_record_slice(bytes)?;
+    let payload_start = total - payload.len();
+    Ok((
+        Record {
+            kind,
+            payload: bytes.slice(payload_start..total),
+        },
+        total,
+    ))
+}
+
+/// Reads the record at the start of `bytes` without copying: its kind, its
+/// payload and its total size.
+pub fn decode_record_slice(bytes: &[u8]) -> Result<(u8, &[u8], usize), RecordError> {
     if bytes.len() < RECORD_HEADER_SIZE {
         return Err(RecordError::Truncated {
             available: bytes.len(),
@@ -82,10 +96,8 @@ pub fn decode_record(bytes: &Bytes) -> Result<(Record, usize), RecordError> {
         return Err(RecordError::BadChecksum { stored, computed });
     }
     Ok((
-        Record {
-            kind: bytes[RECORD_HEADER_SIZE],
-            payload: bytes.slice(RECORD_HEADER_SIZE + 1..total),
-        },
+        bytes[RECORD_HEADER_SIZE],
+        &bytes[RECORD_HEADER_SIZE + 1..total],
         total,
     ))
 }

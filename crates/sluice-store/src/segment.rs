@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use crate::record::{decode_record, Record, RecordError};
+use crate::record::{decode_record, decode_record_slice, Record, RecordError};
 use crate::StoreError;
 
 /// Segment files are named by their id, zero-padded so that they sort.
@@ -97,6 +97,31 @@ impl Segment {
             })?;
         self.size = length;
         Ok(())
+    }
+
+    /// Reads the file at `path` into `buffer` (reused across segments, so
+    /// recovery allocates once) and hands each valid record to `visit` as
+    /// (position, kind, payload), stopping at the first torn or corrupt one.
+    pub fn scan_into(
+        path: &Path,
+        buffer: &mut Vec<u8>,
+        mut visit: impl FnMut(u64, u8, &[u8]),
+    ) -> Result<(u64, Option<RecordError>), StoreError> {
+        buffer.clear();
+        File::open(path)
+            .and_then(|mut file| file.read_to_end(buffer))
+            .map_err(|error| StoreError::io(format!("reading {}", path.display()), error))?;
+        let mut position = 0usize;
+        while position < buffer.len() {
+            match decode_record_slice(&buffer[position..]) {
+                Ok((kind, payload, size)) => {
+                    visit(position as u64, kind, payload);
+                    position += size;
+                }
+                Err(error) => return Ok((position as u64, Some(error))),
+            }
+        }
+        Ok((position as u64, None))
     }
 
     /// Reads every valid record of the file at `path`, stopping at the first
