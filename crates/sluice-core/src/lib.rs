@@ -10,7 +10,8 @@
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
-//! - [`arguments`]: declaration arguments, their equivalence and printing.
+//! - [`arguments`]: declaration arguments: validation, equivalence, printing.
+//! - [`policy`]: policies by name pattern, and the effective arguments they give.
 //! - [`error`]: errors carrying the AMQP reply a client expects.
 
 pub mod arguments;
@@ -20,6 +21,7 @@ pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod message;
+pub mod policy;
 pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;

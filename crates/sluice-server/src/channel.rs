@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::Bytes;
-use sluice_core::arguments::as_integer;
+use sluice_core::arguments::{as_integer, check_consume_arguments, check_expiration_property};
 use sluice_core::consumer::Consumer;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
-use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
+use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::{
     encode_confirm, encode_content, encode_control, encode_return, join_body,
@@ -274,18 +274,23 @@ impl Channel {
             return Ok(());
         };
         let publish = pending.publish;
+        // RabbitMQ's order: the exchange (404, then 403 when internal), then
+        // the properties; all at publish time, in tx mode too.
+        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+        let properties = header.properties;
+        if let Some(expiration) = properties.expiration() {
+            check_expiration_property(expiration)?;
+        }
         let message = Arc::new(Message {
             exchange: publish.exchange.clone(),
             routing_key: publish.routing_key.clone(),
-            properties: header.properties,
+            properties,
             body: match pending.single_body {
                 Some(body) => body,
                 None => join_body(pending.body_parts, header.body_size as usize),
             },
         });
         if let Some(transaction) = self.tx.as_mut() {
-            // The exchange must exist now, as RabbitMQ checks at publish time.
-            context.vhost.exchange_for_publish(&publish.exchange)?;
             transaction.body_bytes += message.body_size();
             if transaction.body_bytes > TX_UNCOMMITTED_BYTES_MAX {
                 return Err(AmqpError::precondition_failed(format!(
@@ -297,16 +302,16 @@ impl Channel {
                 .push(TxOperation::Publish(message, publish));
             return Ok(());
         }
-        self.route_and_enqueue(context, message, &publish)
+        self.route_and_enqueue(context, &exchange, message, &publish)
     }
 
     fn route_and_enqueue(
         &mut self,
         context: &ConnectionContext,
+        exchange: &Arc<Exchange>,
         message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
-        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
         let decoded_headers;
         let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers()
         {
@@ -320,7 +325,7 @@ impl Channel {
             None
         };
         context.vhost.route(
-            &exchange,
+            exchange,
             &publish.routing_key,
             headers,
             &mut self.route_scratch,
@@ -871,17 +876,20 @@ impl Channel {
                 "attempt to reuse consumer tag '{tag}'"
             )));
         }
-        let priority = match consume.arguments.inner().get("x-priority") {
-            None => 0,
-            Some(value) => as_integer(value)
-                .and_then(|priority| i32::try_from(priority).ok())
-                .ok_or_else(|| {
-                    AmqpError::precondition_failed(format!(
-                        "invalid arg 'x-priority' for queue '{}' in vhost '{}': expected an integer",
-                        queue.name, queue.vhost
-                    ))
-                })?,
-        };
+        check_consume_arguments(
+            &consume.arguments,
+            &format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),
+        )?;
+        // Validated as an integer; RabbitMQ accepts any width, so a priority
+        // beyond i32 is clamped rather than refused.
+        let priority = consume
+            .arguments
+            .inner()
+            .get("x-priority")
+            .and_then(as_integer)
+            .map_or(0, |priority| {
+                priority.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+            });
         let consumer = Arc::new(Consumer {
             tag: Arc::clone(&tag),
             channel_id: self.id,
@@ -994,7 +1002,8 @@ impl Channel {
         for operation in operations {
             match operation {
                 TxOperation::Publish(message, publish) => {
-                    self.route_and_enqueue(context, message, &publish)?
+                    let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+                    self.route_and_enqueue(context, &exchange, message, &publish)?
                 }
                 TxOperation::Settle {
                     delivery_tag,

@@ -82,6 +82,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
             default_pass: config.default_pass.clone(),
             default_vhost: config.default_vhost.clone(),
             loopback_users: config.loopback_users.clone(),
+            policies: Vec::new(),
         },
         Some((store, definitions)),
     ));
