@@ -6,6 +6,7 @@
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: a classic queue, dispatching to consumers inline.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
+//! - [`definitions_import`]: RabbitMQ's definitions JSON, loaded at start.
 //! - [`queue_journal`]: a durable queue's persistent messages and acks on disk.
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
@@ -18,6 +19,7 @@ pub mod arguments;
 pub mod broker;
 pub mod consumer;
 pub mod definitions;
+pub mod definitions_import;
 pub mod error;
 pub mod exchange;
 pub mod message;

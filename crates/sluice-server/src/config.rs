@@ -65,6 +65,10 @@ pub struct Config {
     /// Disk alarm threshold: free bytes below which publishers are blocked
     /// (`disk_free_limit.absolute`, e.g. `50000000`, `50MB`, `2GiB`). Default 50 000 000.
     pub disk_free_limit_bytes: u64,
+    /// A definitions file in RabbitMQ's JSON format, read at start
+    /// (`load_definitions`): its policies apply, its exchanges, queues and
+    /// bindings are declared. Default none.
+    pub load_definitions: Option<PathBuf>,
 }
 
 /// RabbitMQ's default `max_message_size`: 128 MiB.
@@ -87,6 +91,7 @@ impl Default for Config {
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: 0.4,
             disk_free_limit_bytes: 50_000_000,
+            load_definitions: None,
         }
     }
 }
@@ -147,6 +152,7 @@ const KNOWN_KEYS: &[&str] = &[
     "log.console.level",
     "vm_memory_high_watermark.relative",
     "disk_free_limit.absolute",
+    "load_definitions",
 ];
 
 /// RabbitMQ's log levels, accepted by `log.console.level`.
@@ -296,6 +302,7 @@ impl Config {
                         invalid("expected a number of bytes with an optional unit: 50000000, 50MB, 500MiB, 2GB, 2GiB, 1TB")
                     })?;
                 }
+                "load_definitions" => config.load_definitions = Some(PathBuf::from(value)),
                 _ => {
                     if let Some(user) = key.strip_prefix("loopback_users.") {
                         let enabled = match value {
@@ -489,6 +496,16 @@ mod tests {
         assert_eq!(config.log_level, "info");
         assert_eq!(config.vm_memory_high_watermark_relative, 0.4);
         assert_eq!(config.disk_free_limit_bytes, 50_000_000);
+        assert_eq!(config.load_definitions, None);
+    }
+
+    #[test]
+    fn load_definitions_names_a_file() {
+        let config = parse("load_definitions = /etc/sluice/definitions.json").unwrap();
+        assert_eq!(
+            config.load_definitions,
+            Some(PathBuf::from("/etc/sluice/definitions.json"))
+        );
     }
 
     #[test]
