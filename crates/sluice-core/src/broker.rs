@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use crate::consumer::ConnectionId;
 use crate::definitions::{DefinitionStore, Definitions};
 use crate::policy::{Policy, VhostPolicies};
+use crate::reply_to::ReplyRegistry;
 use crate::vhost::VirtualHost;
 
 pub struct User {
@@ -46,6 +47,8 @@ pub struct Broker {
     next_connection_id: AtomicU64,
     /// Policies by vhost, handed to each vhost when it is created.
     policies: HashMap<String, VhostPolicies>,
+    /// Direct reply-to consumers, by the token in their reply names.
+    pub reply_to: ReplyRegistry,
 }
 
 impl Broker {
@@ -81,6 +84,7 @@ impl Broker {
                 .into_iter()
                 .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
                 .collect(),
+            reply_to: ReplyRegistry::default(),
         };
         for (name, vhost_definitions) in &definitions.vhosts {
             broker.add_vhost(name).recover(vhost_definitions);

@@ -13,6 +13,7 @@
 //! - [`message`]: a published message as queues hold it.
 //! - [`arguments`]: declaration arguments: validation, equivalence, printing.
 //! - [`policy`]: policies by name pattern, and the effective arguments they give.
+//! - [`reply_to`]: direct reply-to consumers and their tokens.
 //! - [`error`]: errors carrying the AMQP reply a client expects.
 
 pub mod arguments;
@@ -27,4 +28,5 @@ pub mod policy;
 pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;
+pub mod reply_to;
 pub mod vhost;

@@ -15,8 +15,9 @@ use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
+use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
-use sluice_wire::content::ContentHeader;
+use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
     encode_confirm, encode_content, encode_control, encode_return, join_body,
 };
@@ -81,6 +82,14 @@ struct ChannelConsumer {
     queue: Arc<Queue>,
 }
 
+/// The channel's consumer of the `amq.rabbitmq.reply-to` pseudo-queue.
+struct ReplyConsumer {
+    tag: Arc<str>,
+    /// Names the consumer in the broker's registry and in the reply-to
+    /// names of this channel's requests.
+    token: Box<str>,
+}
+
 pub struct Channel {
     pub id: u16,
     pub deliveries: Arc<ChannelDeliveries>,
@@ -90,6 +99,7 @@ pub struct Channel {
     confirms: Option<Confirms>,
     tx: Option<Transaction>,
     consumers: HashMap<Arc<str>, ChannelConsumer>,
+    reply_consumer: Option<ReplyConsumer>,
     /// basic.qos global=false: the prefetch given to consumers started next.
     consumer_prefetch: u32,
     next_consumer_tag: u64,
@@ -123,6 +133,7 @@ impl Channel {
             confirms: None,
             tx: None,
             consumers: HashMap::new(),
+            reply_consumer: None,
             consumer_prefetch: 0,
             next_consumer_tag: 1,
             last_declared_queue: None,
@@ -277,7 +288,10 @@ impl Channel {
         // RabbitMQ's order: the exchange (404, then 403 when internal), then
         // the properties; all at publish time, in tx mode too.
         let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
-        let properties = header.properties;
+        let mut properties = header.properties;
+        if properties.has_reply_to() {
+            properties = self.direct_reply_to(properties)?;
+        }
         if let Some(expiration) = properties.expiration() {
             check_expiration_property(expiration)?;
         }
@@ -303,6 +317,32 @@ impl Channel {
             return Ok(());
         }
         self.route_and_enqueue(context, &exchange, message, &publish)
+    }
+
+    /// A request asking for a direct reply (reply-to
+    /// `amq.rabbitmq.reply-to`) gets this channel's reply name instead, as
+    /// RabbitMQ's `maybe_set_fast_reply_to` does; any other reply-to is left
+    /// as it is.
+    fn direct_reply_to(&self, properties: RawProperties) -> AmqpResult<RawProperties> {
+        if properties.reply_to().as_deref() != Some(REPLY_TO_QUEUE.as_bytes()) {
+            return Ok(properties);
+        }
+        let Some(consumer) = &self.reply_consumer else {
+            return Err(AmqpError::precondition_failed(
+                "fast reply consumer does not exist",
+            ));
+        };
+        let decoded = properties
+            .decode()
+            .map_err(|_| AmqpError::syntax_error("cannot decode message properties"))?;
+        let reply_name = format!(
+            "{}{}",
+            sluice_core::reply_to::REPLY_TO_PREFIX,
+            consumer.token
+        );
+        Ok(RawProperties::from_properties(
+            &decoded.with_reply_to(reply_name.as_str().into()),
+        ))
     }
 
     fn route_and_enqueue(
@@ -331,6 +371,15 @@ impl Channel {
             &mut self.route_scratch,
             &mut self.route_queues,
         );
+        if self.route_queues.is_empty() && exchange.is_default() {
+            // A reply to a direct reply-to name reaches its consumer, or is
+            // dropped when that channel is gone. Either way it counts as
+            // routed to no queue, so mandatory still returns it, as in
+            // RabbitMQ (where reply names are "not a queue").
+            if let Some(token) = token_of(&publish.routing_key) {
+                context.broker.reply_to.deliver(token, &message);
+            }
+        }
         if self.route_queues.is_empty() && publish.mandatory {
             context.outbox.append(|out| {
                 encode_return(
@@ -673,6 +722,11 @@ impl Channel {
     ) -> AmqpResult<()> {
         let vhost = &context.vhost;
         match method {
+            queue::AMQPMethod::Declare(declare)
+                if declare.queue.as_str().starts_with(REPLY_TO_QUEUE) =>
+            {
+                self.declare_reply_to(context, declare)?
+            }
             queue::AMQPMethod::Declare(declare) => {
                 let name = if declare.passive {
                     self.queue_name(declare.queue.as_str())?.into_owned()
@@ -776,6 +830,38 @@ impl Channel {
         Ok(())
     }
 
+    /// queue.declare of the reply-to pseudo-queue or of a reply name: always
+    /// passive, as in RabbitMQ. The pseudo-queue exists; a reply name exists
+    /// while its consumer does, with one consumer and no messages.
+    fn declare_reply_to(
+        &mut self,
+        context: &ConnectionContext,
+        declare: queue::Declare,
+    ) -> AmqpResult<()> {
+        let name = declare.queue.as_str();
+        let exists = name == REPLY_TO_QUEUE
+            || token_of(name.as_bytes())
+                .is_some_and(|token| context.broker.reply_to.contains(token));
+        if !exists {
+            return Err(AmqpError::not_found(format!(
+                "no queue '{name}' in vhost '{}'",
+                context.vhost.name
+            )));
+        }
+        self.last_declared_queue = Some(Arc::from(name));
+        if !declare.nowait {
+            self.reply(
+                context,
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                    queue: declare.queue,
+                    message_count: 0,
+                    consumer_count: 1,
+                })),
+            );
+        }
+        Ok(())
+    }
+
     fn handle_basic_method(
         &mut self,
         context: &ConnectionContext,
@@ -797,7 +883,16 @@ impl Channel {
             }
             basic::AMQPMethod::Consume(consume) => self.consume(context, consume)?,
             basic::AMQPMethod::Cancel(cancel) => {
-                self.cancel_consumer(context, cancel.consumer_tag.as_str());
+                let tag = cancel.consumer_tag.as_str();
+                if self
+                    .reply_consumer
+                    .as_ref()
+                    .is_some_and(|consumer| consumer.tag.as_ref() == tag)
+                {
+                    self.cancel_reply_consumer(context);
+                } else {
+                    self.cancel_consumer(context, tag);
+                }
                 if !cancel.nowait {
                     self.reply(
                         context,
@@ -855,6 +950,9 @@ impl Channel {
     }
 
     fn consume(&mut self, context: &ConnectionContext, consume: basic::Consume) -> AmqpResult<()> {
+        if consume.queue.as_str() == REPLY_TO_QUEUE {
+            return self.consume_replies(context, consume);
+        }
         let name = self.queue_name(consume.queue.as_str())?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
         let tag: Arc<str> = if consume.consumer_tag.as_str().is_empty() {
@@ -918,6 +1016,62 @@ impl Channel {
         }
         queue.dispatch();
         Ok(())
+    }
+
+    /// basic.consume on `amq.rabbitmq.reply-to`, with RabbitMQ's checks in
+    /// RabbitMQ's order.
+    fn consume_replies(
+        &mut self,
+        context: &ConnectionContext,
+        consume: basic::Consume,
+    ) -> AmqpResult<()> {
+        let requested = consume.consumer_tag.as_str();
+        if self.consumers.contains_key(requested) {
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{requested}'"
+            )));
+        }
+        if !consume.no_ack {
+            return Err(AmqpError::precondition_failed(
+                "reply consumer cannot acknowledge",
+            ));
+        }
+        if self.reply_consumer.is_some() {
+            return Err(AmqpError::precondition_failed("reply consumer already set"));
+        }
+        let tag: Arc<str> = if requested.is_empty() {
+            let tag = format!(
+                "amq.ctag-{}-{}",
+                context.connection_id, self.next_consumer_tag
+            );
+            self.next_consumer_tag += 1;
+            Arc::from(tag)
+        } else {
+            Arc::from(requested)
+        };
+        let token = context
+            .broker
+            .reply_to
+            .register(Arc::clone(&tag), self.deliveries.clone());
+        self.reply_consumer = Some(ReplyConsumer {
+            tag: Arc::clone(&tag),
+            token,
+        });
+        if !consume.nowait {
+            self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: tag.as_ref().into(),
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    fn cancel_reply_consumer(&mut self, context: &ConnectionContext) {
+        if let Some(consumer) = self.reply_consumer.take() {
+            context.broker.reply_to.unregister(&consumer.token);
+        }
     }
 
     fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) {
@@ -1019,6 +1173,7 @@ impl Channel {
     /// queues that lose their last consumer go), unacked messages back to
     /// their queues in order, marked redelivered.
     pub fn release(&mut self, context: &ConnectionContext) {
+        self.cancel_reply_consumer(context);
         let unacked = self.deliveries.close();
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         for tag in tags {
