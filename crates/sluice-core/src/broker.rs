@@ -7,6 +7,8 @@ use std::sync::{Arc, RwLock};
 
 use crate::consumer::ConnectionId;
 use crate::definitions::{DefinitionStore, Definitions};
+use crate::policy::{Policy, VhostPolicies};
+use crate::reply_to::ReplyRegistry;
 use crate::vhost::VirtualHost;
 
 pub struct User {
@@ -34,6 +36,8 @@ pub struct BrokerSettings {
     pub default_pass: String,
     pub default_vhost: String,
     pub loopback_users: Vec<String>,
+    /// Policies from the definitions file, for every vhost.
+    pub policies: Vec<Policy>,
 }
 
 pub struct Broker {
@@ -41,6 +45,10 @@ pub struct Broker {
     store: Option<Arc<DefinitionStore>>,
     users: RwLock<HashMap<String, User>>,
     next_connection_id: AtomicU64,
+    /// Policies by vhost, handed to each vhost when it is created.
+    policies: HashMap<String, VhostPolicies>,
+    /// Direct reply-to consumers, by the token in their reply names.
+    pub reply_to: ReplyRegistry,
 }
 
 impl Broker {
@@ -60,11 +68,23 @@ impl Broker {
             Some((store, definitions)) => (Some(store), definitions),
             None => (None, Definitions::default()),
         };
+        let mut by_vhost: HashMap<String, Vec<Policy>> = HashMap::new();
+        for policy in &settings.policies {
+            by_vhost
+                .entry(policy.vhost.clone())
+                .or_default()
+                .push(policy.clone());
+        }
         let broker = Broker {
             vhosts: RwLock::new(HashMap::new()),
             store,
             users: RwLock::new(HashMap::new()),
             next_connection_id: AtomicU64::new(1),
+            policies: by_vhost
+                .into_iter()
+                .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
+                .collect(),
+            reply_to: ReplyRegistry::default(),
         };
         for (name, vhost_definitions) in &definitions.vhosts {
             broker.add_vhost(name).recover(vhost_definitions);
@@ -83,11 +103,10 @@ impl Broker {
             .vhosts
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        Arc::clone(
-            vhosts
-                .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(VirtualHost::with_store(name, self.store.clone()))),
-        )
+        Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| {
+            let policies = self.policies.get(name).cloned().unwrap_or_default();
+            Arc::new(VirtualHost::with_store(name, self.store.clone(), policies))
+        }))
     }
 
     pub fn vhost(&self, name: &str) -> Option<Arc<VirtualHost>> {
@@ -170,6 +189,7 @@ mod tests {
             default_pass: "guest".into(),
             default_vhost: "/".into(),
             loopback_users: vec!["guest".into()],
+            policies: Vec::new(),
         })
     }
 

@@ -10,23 +10,29 @@
 //! - [`paging`]: the in-memory window of a queue and its paged references.
 //! - [`pager`]: the thread that reads paged messages back and compacts journals.
 //! - [`segment_liveness`]: which messages of a journal segment are still live.
+//! - [`definitions_import`]: RabbitMQ's definitions JSON, loaded at start.
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
-//! - [`arguments`]: declaration arguments, their equivalence and printing.
+//! - [`arguments`]: declaration arguments: validation, equivalence, printing.
+//! - [`policy`]: policies by name pattern, and the effective arguments they give.
+//! - [`reply_to`]: direct reply-to consumers and their tokens.
 //! - [`error`]: errors carrying the AMQP reply a client expects.
 
 pub mod arguments;
 pub mod broker;
 pub mod consumer;
 pub mod definitions;
+pub mod definitions_import;
 pub mod error;
 pub mod exchange;
 pub mod message;
 pub mod pager;
 pub mod paging;
+pub mod policy;
 pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;
+pub mod reply_to;
 pub mod segment_liveness;
 pub mod vhost;

@@ -1,10 +1,12 @@
 //! Queue length limits (`x-max-length`, `x-max-length-bytes`, `x-overflow`),
-//! parsed and validated once at declaration.
+//! read once when the queue is created from its effective arguments: the
+//! declaration's, merged with its policy's (see [`crate::policy`]).
+//! The arguments were validated by [`crate::arguments::check_queue_arguments`]
+//! (and policy values when the policy was loaded), so reading cannot fail.
 
-use amq_protocol::types::{AMQPValue, FieldTable};
+use amq_protocol::types::FieldTable;
 
-use crate::arguments::{as_integer, type_name};
-use crate::error::{AmqpError, AmqpResult};
+use crate::arguments::{as_strict_integer, as_text};
 
 /// What a full queue does with a new message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -27,56 +29,32 @@ pub struct QueueLimits {
 }
 
 impl QueueLimits {
-    /// Reads the limits from declaration arguments; a wrong type or value is
-    /// refused with 406 naming the argument, as RabbitMQ does.
-    pub fn from_arguments(arguments: &FieldTable, what: &str) -> AmqpResult<Self> {
-        let non_negative = |key: &str| -> AmqpResult<Option<u64>> {
-            let Some(value) = arguments.inner().get(key) else {
-                return Ok(None);
-            };
-            match as_integer(value) {
-                Some(number) if number >= 0 => Ok(Some(number as u64)),
-                Some(number) => Err(AmqpError::precondition_failed(format!(
-                    "invalid arg '{key}' for {what}: {{value_negative,{number}}}"
-                ))),
-                None => Err(AmqpError::precondition_failed(format!(
-                    "invalid arg '{key}' for {what}: {{unacceptable_type,{}}}",
-                    type_name(value)
-                ))),
-            }
+    /// Reads the limits from a queue's effective arguments. A value that is
+    /// not valid (only possible in definitions written by hand) means no
+    /// limit, as validation would have refused it at declaration.
+    pub fn from_arguments(arguments: &FieldTable) -> Self {
+        let non_negative = |key: &str| {
+            arguments
+                .inner()
+                .get(key)
+                .and_then(as_strict_integer)
+                .and_then(|number| u64::try_from(number).ok())
         };
-        let overflow = match arguments.inner().get("x-overflow") {
-            None => Overflow::DropHead,
-            Some(value) => {
-                let text = match value {
-                    AMQPValue::LongString(text) => {
-                        String::from_utf8_lossy(text.as_bytes()).into_owned()
-                    }
-                    AMQPValue::ShortString(text) => text.as_str().to_owned(),
-                    other => {
-                        return Err(AmqpError::precondition_failed(format!(
-                            "invalid arg 'x-overflow' for {what}: {{unacceptable_type,{}}}",
-                            type_name(other)
-                        )))
-                    }
-                };
-                match text.as_str() {
-                    "drop-head" => Overflow::DropHead,
-                    "reject-publish" => Overflow::RejectPublish,
-                    "reject-publish-dlx" => Overflow::RejectPublishDlx,
-                    _ => {
-                        return Err(AmqpError::precondition_failed(format!(
-                            "invalid arg 'x-overflow' for {what}: {{unacceptable_value,<<\"{text}\">>}}"
-                        )))
-                    }
-                }
-            }
+        let overflow = match arguments
+            .inner()
+            .get("x-overflow")
+            .and_then(as_text)
+            .as_deref()
+        {
+            Some("reject-publish") => Overflow::RejectPublish,
+            Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
+            _ => Overflow::DropHead,
         };
-        Ok(QueueLimits {
-            max_length: non_negative("x-max-length")?,
-            max_length_bytes: non_negative("x-max-length-bytes")?,
+        QueueLimits {
+            max_length: non_negative("x-max-length"),
+            max_length_bytes: non_negative("x-max-length-bytes"),
             overflow,
-        })
+        }
     }
 
     pub fn is_limited(&self) -> bool {
@@ -95,27 +73,25 @@ impl QueueLimits {
 mod tests {
     use super::*;
 
+    use amq_protocol::types::AMQPValue;
+
     #[test]
-    fn queue_limits_parse_and_validate() {
+    fn queue_limits_read_effective_arguments() {
         let mut arguments = FieldTable::default();
         arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
         arguments.insert(
             "x-overflow".into(),
             AMQPValue::LongString("reject-publish".into()),
         );
-        let limits = QueueLimits::from_arguments(&arguments, "queue 'q'").unwrap();
+        let limits = QueueLimits::from_arguments(&arguments);
         assert_eq!(limits.max_length, Some(2));
+        assert_eq!(limits.max_length_bytes, None);
         assert_eq!(limits.overflow, Overflow::RejectPublish);
         assert!(limits.exceeded(3, 0));
         assert!(!limits.exceeded(2, 0));
-
-        arguments.insert("x-max-length".into(), AMQPValue::LongInt(-1));
-        let error = QueueLimits::from_arguments(&arguments, "queue 'q'").unwrap_err();
-        assert!(error.text.contains("'x-max-length'"), "{}", error.text);
-        arguments.insert("x-max-length".into(), AMQPValue::LongString("ten".into()));
-        assert!(QueueLimits::from_arguments(&arguments, "queue 'q'").is_err());
-        let mut arguments = FieldTable::default();
-        arguments.insert("x-overflow".into(), AMQPValue::LongString("explode".into()));
-        assert!(QueueLimits::from_arguments(&arguments, "queue 'q'").is_err());
+        assert_eq!(
+            QueueLimits::from_arguments(&FieldTable::default()),
+            QueueLimits::default()
+        );
     }
 }

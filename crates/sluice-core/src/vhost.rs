@@ -4,11 +4,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use amq_protocol::types::{AMQPValue, FieldTable};
+use amq_protocol::types::FieldTable;
 use rand::Rng;
 
 use crate::arguments::{
-    check_equivalence, inequivalent_flag, EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
+    check_equivalence, check_exchange_name_argument, check_queue_arguments, inequivalent_flag,
+    EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
 use crate::consumer::{ConnectionId, Consumer};
 use crate::definitions::{
@@ -17,6 +18,9 @@ use crate::definitions::{
 };
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
+use crate::policy::{
+    effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
+};
 use crate::queue::{Queue, QueueOptions};
 use crate::queue_journal::QueueJournal;
 use crate::queue_limits::QueueLimits;
@@ -27,8 +31,7 @@ use sluice_wire::reply_code::ReplyCode;
 /// bounded amount of work per message.
 pub const ROUTING_EXCHANGE_HOPS_MAX: usize = 64;
 
-/// Queue types this node can create.
-pub const SUPPORTED_QUEUE_TYPES: &[&str] = &["classic"];
+pub use crate::arguments::SUPPORTED_QUEUE_TYPES;
 
 pub struct Exchange {
     pub name: Arc<str>,
@@ -37,29 +40,24 @@ pub struct Exchange {
     pub auto_delete: bool,
     pub internal: bool,
     pub arguments: FieldTable,
+    /// Where messages this exchange routes nowhere go instead: the
+    /// `alternate-exchange` argument, else the exchange's policy's key.
+    /// Resolved once at creation, since policies are fixed at start.
+    pub alternate_exchange: Option<Arc<str>>,
     routing: RwLock<RoutingTable>,
 }
 
-impl Exchange {
-    fn new(
-        name: &str,
-        kind: ExchangeKind,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: FieldTable,
-    ) -> Self {
-        Exchange {
-            name: Arc::from(name),
-            kind,
-            durable,
-            auto_delete,
-            internal,
-            arguments,
-            routing: RwLock::new(RoutingTable::new(kind)),
-        }
-    }
+/// What an exchange is created from.
+struct ExchangeSpec<'a> {
+    name: &'a str,
+    kind: ExchangeKind,
+    durable: bool,
+    auto_delete: bool,
+    internal: bool,
+    arguments: FieldTable,
+}
 
+impl Exchange {
     fn routing(&self) -> RwLockReadGuard<'_, RoutingTable> {
         self.routing
             .read()
@@ -105,6 +103,8 @@ pub struct QueueDeclaration<'a> {
 
 pub struct VirtualHost {
     pub name: Arc<str>,
+    /// Fixed at start: loaded from the definitions file.
+    policies: VhostPolicies,
     exchanges: RwLock<HashMap<Arc<str>, Arc<Exchange>>>,
     queues: RwLock<HashMap<Arc<str>, Arc<Queue>>>,
     /// Where durable definitions and queue journals go; None keeps
@@ -125,13 +125,19 @@ impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
     /// RabbitMQ vhost has.
     pub fn new(name: &str) -> Self {
-        Self::with_store(name, None)
+        Self::with_store(name, None, VhostPolicies::default())
     }
 
-    /// A vhost whose durable definitions and messages live in `store`.
-    pub fn with_store(name: &str, store: Option<Arc<DefinitionStore>>) -> Self {
+    /// A vhost whose durable definitions and messages live in `store`, with
+    /// the policies that apply to its objects.
+    pub fn with_store(
+        name: &str,
+        store: Option<Arc<DefinitionStore>>,
+        policies: VhostPolicies,
+    ) -> Self {
         let vhost = VirtualHost {
             name: Arc::from(name),
+            policies,
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
             store,
@@ -147,11 +153,60 @@ impl VirtualHost {
         {
             let mut exchanges = write(&vhost.exchanges);
             for (name, kind) in standard {
-                let exchange = Exchange::new(name, kind, true, false, false, FieldTable::default());
+                let exchange = vhost.new_exchange(ExchangeSpec {
+                    name,
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: FieldTable::default(),
+                });
                 exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
             }
         }
         vhost
+    }
+
+    fn new_exchange(&self, spec: ExchangeSpec<'_>) -> Exchange {
+        // The default exchange routes by queue name only: RabbitMQ never
+        // gives it an alternate.
+        let alternate_exchange = if spec.name.is_empty() {
+            None
+        } else {
+            let policy = self.policies.matching(PolicyTarget::Exchange, spec.name);
+            effective_alternate_exchange(&spec.arguments, policy.map(|policy| &**policy))
+        };
+        Exchange {
+            name: Arc::from(spec.name),
+            kind: spec.kind,
+            durable: spec.durable,
+            auto_delete: spec.auto_delete,
+            internal: spec.internal,
+            arguments: spec.arguments,
+            alternate_exchange,
+            routing: RwLock::new(RoutingTable::new(spec.kind)),
+        }
+    }
+
+    /// A queue's effective arguments: what it was declared with, merged with
+    /// the policy that applies to its name (see [`crate::policy`]). Queue
+    /// behaviour (limits, TTL, dead-lettering) reads these, never the
+    /// declared arguments alone; equivalence checks and saved definitions
+    /// use the declared ones.
+    pub fn effective_queue_arguments(&self, queue_name: &str, declared: &FieldTable) -> FieldTable {
+        let policy = self.policies.matching(PolicyTarget::Queue, queue_name);
+        effective_queue_arguments(declared, policy.map(|policy| &**policy))
+    }
+
+    /// The name of the policy that applies to a queue, if any.
+    pub fn queue_policy_name(&self, queue_name: &str) -> Option<&str> {
+        self.policies
+            .matching(PolicyTarget::Queue, queue_name)
+            .map(|policy| policy.name.as_str())
+    }
+
+    pub fn policies(&self) -> &VhostPolicies {
+        &self.policies
     }
 
     fn describe_exchange(&self, name: &str) -> String {
@@ -257,14 +312,20 @@ impl VirtualHost {
                 &what,
             );
         }
-        let exchange = Exchange::new(
+        // As RabbitMQ, only a new exchange has its alternate checked.
+        check_exchange_name_argument(
+            &declaration.arguments,
+            "alternate-exchange",
+            &self.describe_exchange(name),
+        )?;
+        let exchange = self.new_exchange(ExchangeSpec {
             name,
             kind,
-            declaration.durable,
-            declaration.auto_delete,
-            declaration.internal,
-            declaration.arguments,
-        );
+            durable: declaration.durable,
+            auto_delete: declaration.auto_delete,
+            internal: declaration.internal,
+            arguments: declaration.arguments,
+        });
         let durable = exchange.durable;
         exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
         drop(exchanges);
@@ -358,9 +419,6 @@ impl VirtualHost {
                 declaration.name
             )));
         }
-        let what = self.describe_queue(declaration.name);
-        check_queue_type(&declaration.arguments, &what)?;
-        let limits = QueueLimits::from_arguments(&declaration.arguments, &what)?;
         let mut queues = write(&self.queues);
         if !declaration.name.is_empty() {
             if let Some(existing) = queues.get(declaration.name) {
@@ -404,6 +462,14 @@ impl VirtualHost {
         } else {
             Arc::from(declaration.name)
         };
+        // Only a queue about to be created has its arguments validated, as
+        // in RabbitMQ: a redeclaration is compared for equivalence instead.
+        let what = self.describe_queue(&name);
+        check_exchange_name_argument(&declaration.arguments, "x-dead-letter-exchange", &what)?;
+        check_queue_arguments(&declaration.arguments, &what)?;
+        let limits = QueueLimits::from_arguments(
+            &self.effective_queue_arguments(&name, &declaration.arguments),
+        );
         let options = QueueOptions {
             durable: declaration.durable,
             exclusive_owner: declaration.exclusive.then_some(connection_id),
@@ -654,6 +720,16 @@ impl VirtualHost {
         exchange
             .routing()
             .route(routing_key, headers, &mut scratch.destinations);
+        if scratch.destinations.is_empty() {
+            // Routed nowhere: the alternate exchange, if any, takes the
+            // message. Only here, so routable messages never pay for it.
+            match &exchange.alternate_exchange {
+                Some(alternate) => scratch
+                    .destinations
+                    .push(Destination::Exchange(Arc::clone(alternate))),
+                None => return,
+            }
+        }
         let has_exchange_hops = scratch
             .destinations
             .iter()
@@ -674,7 +750,10 @@ impl VirtualHost {
     }
 
     /// Expands exchange destinations breadth-first, visiting each exchange
-    /// once so binding cycles terminate.
+    /// once so binding cycles (and cycles of alternate exchanges) terminate.
+    /// As in RabbitMQ, an exchange on the walk that routes the message
+    /// nowhere hands it to its own alternate exchange; a missing alternate
+    /// is skipped.
     fn follow_exchange_bindings(
         &self,
         source: &Arc<Exchange>,
@@ -691,8 +770,16 @@ impl VirtualHost {
                 if visited.insert(Arc::clone(name)) {
                     hops += 1;
                     if let Ok(next) = self.exchange(name) {
+                        let before = scratch.destinations.len();
                         next.routing()
                             .route(routing_key, headers, &mut scratch.destinations);
+                        if scratch.destinations.len() == before {
+                            if let Some(alternate) = &next.alternate_exchange {
+                                scratch
+                                    .destinations
+                                    .push(Destination::Exchange(Arc::clone(alternate)));
+                            }
+                        }
                     }
                 }
             }
@@ -787,23 +874,23 @@ impl VirtualHost {
                     tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
                     continue;
                 };
-                let exchange = Exchange::new(
-                    &definition.name,
+                let exchange = self.new_exchange(ExchangeSpec {
+                    name: &definition.name,
                     kind,
-                    true,
-                    definition.auto_delete,
-                    definition.internal,
-                    definition.arguments.clone(),
-                );
+                    durable: true,
+                    auto_delete: definition.auto_delete,
+                    internal: definition.internal,
+                    arguments: definition.arguments.clone(),
+                });
                 exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
             }
         }
         {
             let mut queues = write(&self.queues);
             for definition in &definitions.queues {
-                let what = self.describe_queue(&definition.name);
-                let limits =
-                    QueueLimits::from_arguments(&definition.arguments, &what).unwrap_or_default();
+                let limits = QueueLimits::from_arguments(
+                    &self.effective_queue_arguments(&definition.name, &definition.arguments),
+                );
                 let recovered = match QueueJournal::recover(
                     &store.queue_dir(&definition.store_id),
                     Arc::clone(&store.group),
@@ -857,29 +944,6 @@ impl VirtualHost {
 #[derive(Default)]
 pub struct RouteScratch {
     destinations: Vec<Destination>,
-}
-
-fn check_queue_type(arguments: &FieldTable, what: &str) -> AmqpResult<()> {
-    let Some(value) = arguments.inner().get("x-queue-type") else {
-        return Ok(());
-    };
-    let queue_type = match value {
-        AMQPValue::LongString(text) => String::from_utf8_lossy(text.as_bytes()).into_owned(),
-        AMQPValue::ShortString(text) => text.as_str().to_owned(),
-        other => {
-            return Err(AmqpError::precondition_failed(format!(
-                "invalid arg 'x-queue-type' for {what}: expected a string, got type '{}'",
-                crate::arguments::type_name(other)
-            )))
-        }
-    };
-    if SUPPORTED_QUEUE_TYPES.contains(&queue_type.as_str()) {
-        return Ok(());
-    }
-    Err(AmqpError::precondition_failed(format!(
-        "invalid arg 'x-queue-type' for {what}: queue type '{queue_type}' is not supported by this node (supported: {})",
-        SUPPORTED_QUEUE_TYPES.join(", ")
-    )))
 }
 
 /// RabbitMQ refuses the default exchange as either end of a binding before

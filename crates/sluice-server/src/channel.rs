@@ -8,15 +8,16 @@ use std::sync::Arc;
 
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::Bytes;
-use sluice_core::arguments::as_integer;
+use sluice_core::arguments::{as_integer, check_consume_arguments, check_expiration_property};
 use sluice_core::consumer::Consumer;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
-use sluice_core::vhost::{ExchangeDeclaration, QueueDeclaration, RouteScratch};
-use sluice_wire::content::ContentHeader;
+use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
+use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
+use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
     encode_confirm, encode_content, encode_control, encode_return, join_body,
 };
@@ -81,6 +82,14 @@ struct ChannelConsumer {
     queue: Arc<Queue>,
 }
 
+/// The channel's consumer of the `amq.rabbitmq.reply-to` pseudo-queue.
+struct ReplyConsumer {
+    tag: Arc<str>,
+    /// Names the consumer in the broker's registry and in the reply-to
+    /// names of this channel's requests.
+    token: Box<str>,
+}
+
 pub struct Channel {
     pub id: u16,
     pub deliveries: Arc<ChannelDeliveries>,
@@ -90,6 +99,7 @@ pub struct Channel {
     confirms: Option<Confirms>,
     tx: Option<Transaction>,
     consumers: HashMap<Arc<str>, ChannelConsumer>,
+    reply_consumer: Option<ReplyConsumer>,
     /// basic.qos global=false: the prefetch given to consumers started next.
     consumer_prefetch: u32,
     next_consumer_tag: u64,
@@ -123,6 +133,7 @@ impl Channel {
             confirms: None,
             tx: None,
             consumers: HashMap::new(),
+            reply_consumer: None,
             consumer_prefetch: 0,
             next_consumer_tag: 1,
             last_declared_queue: None,
@@ -274,18 +285,26 @@ impl Channel {
             return Ok(());
         };
         let publish = pending.publish;
+        // RabbitMQ's order: the exchange (404, then 403 when internal), then
+        // the properties; all at publish time, in tx mode too.
+        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+        let mut properties = header.properties;
+        if properties.has_reply_to() {
+            properties = self.direct_reply_to(properties)?;
+        }
+        if let Some(expiration) = properties.expiration() {
+            check_expiration_property(expiration)?;
+        }
         let message = Arc::new(Message {
             exchange: publish.exchange.clone(),
             routing_key: publish.routing_key.clone(),
-            properties: header.properties,
+            properties,
             body: match pending.single_body {
                 Some(body) => body,
                 None => join_body(pending.body_parts, header.body_size as usize),
             },
         });
         if let Some(transaction) = self.tx.as_mut() {
-            // The exchange must exist now, as RabbitMQ checks at publish time.
-            context.vhost.exchange_for_publish(&publish.exchange)?;
             transaction.body_bytes += message.body_size();
             if transaction.body_bytes > TX_UNCOMMITTED_BYTES_MAX {
                 return Err(AmqpError::precondition_failed(format!(
@@ -297,16 +316,42 @@ impl Channel {
                 .push(TxOperation::Publish(message, publish));
             return Ok(());
         }
-        self.route_and_enqueue(context, message, &publish)
+        self.route_and_enqueue(context, &exchange, message, &publish)
+    }
+
+    /// A request asking for a direct reply (reply-to
+    /// `amq.rabbitmq.reply-to`) gets this channel's reply name instead, as
+    /// RabbitMQ's `maybe_set_fast_reply_to` does; any other reply-to is left
+    /// as it is.
+    fn direct_reply_to(&self, properties: RawProperties) -> AmqpResult<RawProperties> {
+        if properties.reply_to().as_deref() != Some(REPLY_TO_QUEUE.as_bytes()) {
+            return Ok(properties);
+        }
+        let Some(consumer) = &self.reply_consumer else {
+            return Err(AmqpError::precondition_failed(
+                "fast reply consumer does not exist",
+            ));
+        };
+        let decoded = properties
+            .decode()
+            .map_err(|_| AmqpError::syntax_error("cannot decode message properties"))?;
+        let reply_name = format!(
+            "{}{}",
+            sluice_core::reply_to::REPLY_TO_PREFIX,
+            consumer.token
+        );
+        Ok(RawProperties::from_properties(
+            &decoded.with_reply_to(reply_name.as_str().into()),
+        ))
     }
 
     fn route_and_enqueue(
         &mut self,
         context: &ConnectionContext,
+        exchange: &Arc<Exchange>,
         message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
-        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
         let decoded_headers;
         let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers()
         {
@@ -320,12 +365,21 @@ impl Channel {
             None
         };
         context.vhost.route(
-            &exchange,
+            exchange,
             &publish.routing_key,
             headers,
             &mut self.route_scratch,
             &mut self.route_queues,
         );
+        if self.route_queues.is_empty() && exchange.is_default() {
+            // A reply to a direct reply-to name reaches its consumer, or is
+            // dropped when that channel is gone. Either way it counts as
+            // routed to no queue, so mandatory still returns it, as in
+            // RabbitMQ (where reply names are "not a queue").
+            if let Some(token) = token_of(&publish.routing_key) {
+                context.broker.reply_to.deliver(token, &message);
+            }
+        }
         if self.route_queues.is_empty() && publish.mandatory {
             context.outbox.append(|out| {
                 encode_return(
@@ -668,6 +722,11 @@ impl Channel {
     ) -> AmqpResult<()> {
         let vhost = &context.vhost;
         match method {
+            queue::AMQPMethod::Declare(declare)
+                if declare.queue.as_str().starts_with(REPLY_TO_QUEUE) =>
+            {
+                self.declare_reply_to(context, declare)?
+            }
             queue::AMQPMethod::Declare(declare) => {
                 let name = if declare.passive {
                     self.queue_name(declare.queue.as_str())?.into_owned()
@@ -771,6 +830,38 @@ impl Channel {
         Ok(())
     }
 
+    /// queue.declare of the reply-to pseudo-queue or of a reply name: always
+    /// passive, as in RabbitMQ. The pseudo-queue exists; a reply name exists
+    /// while its consumer does, with one consumer and no messages.
+    fn declare_reply_to(
+        &mut self,
+        context: &ConnectionContext,
+        declare: queue::Declare,
+    ) -> AmqpResult<()> {
+        let name = declare.queue.as_str();
+        let exists = name == REPLY_TO_QUEUE
+            || token_of(name.as_bytes())
+                .is_some_and(|token| context.broker.reply_to.contains(token));
+        if !exists {
+            return Err(AmqpError::not_found(format!(
+                "no queue '{name}' in vhost '{}'",
+                context.vhost.name
+            )));
+        }
+        self.last_declared_queue = Some(Arc::from(name));
+        if !declare.nowait {
+            self.reply(
+                context,
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                    queue: declare.queue,
+                    message_count: 0,
+                    consumer_count: 1,
+                })),
+            );
+        }
+        Ok(())
+    }
+
     fn handle_basic_method(
         &mut self,
         context: &ConnectionContext,
@@ -792,7 +883,16 @@ impl Channel {
             }
             basic::AMQPMethod::Consume(consume) => self.consume(context, consume)?,
             basic::AMQPMethod::Cancel(cancel) => {
-                self.cancel_consumer(context, cancel.consumer_tag.as_str());
+                let tag = cancel.consumer_tag.as_str();
+                if self
+                    .reply_consumer
+                    .as_ref()
+                    .is_some_and(|consumer| consumer.tag.as_ref() == tag)
+                {
+                    self.cancel_reply_consumer(context);
+                } else {
+                    self.cancel_consumer(context, tag);
+                }
                 if !cancel.nowait {
                     self.reply(
                         context,
@@ -850,6 +950,9 @@ impl Channel {
     }
 
     fn consume(&mut self, context: &ConnectionContext, consume: basic::Consume) -> AmqpResult<()> {
+        if consume.queue.as_str() == REPLY_TO_QUEUE {
+            return self.consume_replies(context, consume);
+        }
         let name = self.queue_name(consume.queue.as_str())?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
         let tag: Arc<str> = if consume.consumer_tag.as_str().is_empty() {
@@ -871,17 +974,20 @@ impl Channel {
                 "attempt to reuse consumer tag '{tag}'"
             )));
         }
-        let priority = match consume.arguments.inner().get("x-priority") {
-            None => 0,
-            Some(value) => as_integer(value)
-                .and_then(|priority| i32::try_from(priority).ok())
-                .ok_or_else(|| {
-                    AmqpError::precondition_failed(format!(
-                        "invalid arg 'x-priority' for queue '{}' in vhost '{}': expected an integer",
-                        queue.name, queue.vhost
-                    ))
-                })?,
-        };
+        check_consume_arguments(
+            &consume.arguments,
+            &format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),
+        )?;
+        // Validated as an integer; RabbitMQ accepts any width, so a priority
+        // beyond i32 is clamped rather than refused.
+        let priority = consume
+            .arguments
+            .inner()
+            .get("x-priority")
+            .and_then(as_integer)
+            .map_or(0, |priority| {
+                priority.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+            });
         let consumer = Arc::new(Consumer {
             tag: Arc::clone(&tag),
             channel_id: self.id,
@@ -910,6 +1016,62 @@ impl Channel {
         }
         queue.dispatch();
         Ok(())
+    }
+
+    /// basic.consume on `amq.rabbitmq.reply-to`, with RabbitMQ's checks in
+    /// RabbitMQ's order.
+    fn consume_replies(
+        &mut self,
+        context: &ConnectionContext,
+        consume: basic::Consume,
+    ) -> AmqpResult<()> {
+        let requested = consume.consumer_tag.as_str();
+        if self.consumers.contains_key(requested) {
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{requested}'"
+            )));
+        }
+        if !consume.no_ack {
+            return Err(AmqpError::precondition_failed(
+                "reply consumer cannot acknowledge",
+            ));
+        }
+        if self.reply_consumer.is_some() {
+            return Err(AmqpError::precondition_failed("reply consumer already set"));
+        }
+        let tag: Arc<str> = if requested.is_empty() {
+            let tag = format!(
+                "amq.ctag-{}-{}",
+                context.connection_id, self.next_consumer_tag
+            );
+            self.next_consumer_tag += 1;
+            Arc::from(tag)
+        } else {
+            Arc::from(requested)
+        };
+        let token = context
+            .broker
+            .reply_to
+            .register(Arc::clone(&tag), self.deliveries.clone());
+        self.reply_consumer = Some(ReplyConsumer {
+            tag: Arc::clone(&tag),
+            token,
+        });
+        if !consume.nowait {
+            self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: tag.as_ref().into(),
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    fn cancel_reply_consumer(&mut self, context: &ConnectionContext) {
+        if let Some(consumer) = self.reply_consumer.take() {
+            context.broker.reply_to.unregister(&consumer.token);
+        }
     }
 
     fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) {
@@ -994,7 +1156,8 @@ impl Channel {
         for operation in operations {
             match operation {
                 TxOperation::Publish(message, publish) => {
-                    self.route_and_enqueue(context, message, &publish)?
+                    let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+                    self.route_and_enqueue(context, &exchange, message, &publish)?
                 }
                 TxOperation::Settle {
                     delivery_tag,
@@ -1010,6 +1173,7 @@ impl Channel {
     /// queues that lose their last consumer go), unacked messages back to
     /// their queues in order, marked redelivered.
     pub fn release(&mut self, context: &ConnectionContext) {
+        self.cancel_reply_consumer(context);
         let unacked = self.deliveries.close();
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         for tag in tags {

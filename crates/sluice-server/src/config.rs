@@ -69,6 +69,10 @@ pub struct Config {
     pub disk_free_limit_bytes: u64,
     /// How queues keep messages on disk (`store.*`).
     pub store: StoreConfig,
+    /// A definitions file in RabbitMQ's JSON format, read at start
+    /// (`load_definitions`): its policies apply, its exchanges, queues and
+    /// bindings are declared. Default none.
+    pub load_definitions: Option<PathBuf>,
 }
 
 /// RabbitMQ's default `max_message_size`: 128 MiB.
@@ -92,6 +96,7 @@ impl Default for Config {
             vm_memory_high_watermark_relative: 0.4,
             disk_free_limit_bytes: 50_000_000,
             store: StoreConfig::default(),
+            load_definitions: None,
         }
     }
 }
@@ -152,6 +157,7 @@ const KNOWN_KEYS: &[&str] = &[
     "log.console.level",
     "vm_memory_high_watermark.relative",
     "disk_free_limit.absolute",
+    "load_definitions",
 ];
 
 /// RabbitMQ's log levels, accepted by `log.console.level`.
@@ -314,6 +320,7 @@ impl Config {
                         }
                     }
                 }
+                "load_definitions" => config.load_definitions = Some(PathBuf::from(value)),
                 _ => {
                     if let Some(user) = key.strip_prefix("loopback_users.") {
                         let enabled = match value {
@@ -508,6 +515,16 @@ mod tests {
         assert_eq!(config.log_level, "info");
         assert_eq!(config.vm_memory_high_watermark_relative, 0.4);
         assert_eq!(config.disk_free_limit_bytes, 50_000_000);
+        assert_eq!(config.load_definitions, None);
+    }
+
+    #[test]
+    fn load_definitions_names_a_file() {
+        let config = parse("load_definitions = /etc/sluice/definitions.json").unwrap();
+        assert_eq!(
+            config.load_definitions,
+            Some(PathBuf::from("/etc/sluice/definitions.json"))
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_core::consumer::{Consumer, DeliverySink};
 use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::message::Message;
 use sluice_core::queue::{Queue, QueuedMessage};
+use sluice_core::reply_to::ReplySink;
 use sluice_wire::encode::{encode_content, encode_deliver, encode_get_ok};
 
 use crate::outbox::Outbox;
@@ -270,5 +272,46 @@ impl DeliverySink for ChannelDeliveries {
         );
         self.outbox
             .append(|out| sluice_wire::encode::encode_control(out, self.channel_id, &cancel));
+    }
+}
+
+impl ReplySink for ChannelDeliveries {
+    /// A direct reply: no queue, no ack, so no unacked record and no
+    /// prefetch. A consumer whose output buffer is full (it is not reading
+    /// its socket) loses the reply rather than grow the buffer without
+    /// bound; RabbitMQ's replies are just as transient.
+    fn deliver_reply(&self, consumer_tag: &str, message: &Arc<Message>) -> bool {
+        let mut state = self.lock();
+        if state.closed {
+            return false;
+        }
+        let delivery_tag = state.next_delivery_tag;
+        let written = self.outbox.append_delivery(|out| {
+            encode_deliver(
+                out,
+                self.channel_id,
+                consumer_tag.as_bytes(),
+                delivery_tag,
+                false,
+                &message.exchange,
+                &message.routing_key,
+            );
+            encode_content(
+                out,
+                self.channel_id,
+                &message.properties,
+                &message.body,
+                self.frame_max,
+            );
+        });
+        if written {
+            state.next_delivery_tag += 1;
+        } else {
+            tracing::debug!(
+                channel = self.channel_id,
+                "dropped a direct reply: output buffer full"
+            );
+        }
+        written
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sluice_core::broker::{Broker, BrokerSettings};
 use sluice_core::definitions::DefinitionStore;
+use sluice_core::definitions_import::{load_definitions, DefinitionsFileError};
 use sluice_store::GroupCommit;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,6 +26,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub enum ServerError {
     #[error("cannot open the data directory")]
     Store(#[source] sluice_store::StoreError),
+    #[error("cannot load definitions")]
+    Definitions(#[source] DefinitionsFileError),
     #[error("cannot listen on {address}")]
     Bind {
         address: SocketAddr,
@@ -61,6 +64,11 @@ impl RunningServer {
 
 /// Binds the listener and starts accepting in the background.
 pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    // Read first: a bad file stops the node before anything is opened.
+    let mut loaded = match &config.load_definitions {
+        Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
+        None => None,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -92,9 +100,16 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
             default_pass: config.default_pass.clone(),
             default_vhost: config.default_vhost.clone(),
             loopback_users: config.loopback_users.clone(),
+            policies: loaded
+                .as_mut()
+                .map(|loaded| std::mem::take(&mut loaded.policies))
+                .unwrap_or_default(),
         },
         Some((Arc::clone(&store), definitions)),
     ));
+    if let Some(loaded) = &loaded {
+        broker.import_definitions(&loaded.file);
+    }
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");

@@ -183,6 +183,40 @@ impl RawProperties {
         self.flags() & flag::HEADERS != 0
     }
 
+    pub fn has_reply_to(&self) -> bool {
+        self.flags() & flag::REPLY_TO != 0
+    }
+
+    /// The reply-to property, found by skipping the fields before it; not
+    /// indexed by [`RawProperties::new`], since only direct reply-to reads
+    /// it and a publish without it never pays for it.
+    pub fn reply_to(&self) -> Option<Bytes> {
+        let flags = self.flags();
+        if flags & flag::REPLY_TO == 0 {
+            return None;
+        }
+        let mut cursor = self.bytes.slice(2..);
+        if flags & flag::CONTENT_TYPE != 0 {
+            skip_short_string(&mut cursor)?;
+        }
+        if flags & flag::CONTENT_ENCODING != 0 {
+            skip_short_string(&mut cursor)?;
+        }
+        if flags & flag::HEADERS != 0 {
+            skip_long_bytes(&mut cursor)?;
+        }
+        if flags & flag::DELIVERY_MODE != 0 {
+            take_octet(&mut cursor)?;
+        }
+        if flags & flag::PRIORITY != 0 {
+            take_octet(&mut cursor)?;
+        }
+        if flags & flag::CORRELATION_ID != 0 {
+            skip_short_string(&mut cursor)?;
+        }
+        skip_short_string(&mut cursor)
+    }
+
     /// Decodes every property. Cannot fail after [`RawProperties::new`]
     /// accepted the bytes, but returns the error rather than panic.
     pub fn decode(&self) -> Result<AMQPProperties, ContentError> {
@@ -242,6 +276,19 @@ mod tests {
         assert_eq!(raw.priority(), Some(5));
         assert_eq!(&raw.expiration().unwrap()[..], b"60000");
         assert!(raw.has_headers());
+        assert!(!raw.has_reply_to());
+        assert_eq!(raw.reply_to(), None);
+        let with_reply_to = RawProperties::from_properties(
+            &properties
+                .clone()
+                .with_correlation_id("c1".into())
+                .with_reply_to("amq.rabbitmq.reply-to".into()),
+        );
+        assert!(with_reply_to.has_reply_to());
+        assert_eq!(
+            &with_reply_to.reply_to().unwrap()[..],
+            b"amq.rabbitmq.reply-to"
+        );
         assert_eq!(raw.decode().unwrap().headers(), &Some(headers));
     }
 

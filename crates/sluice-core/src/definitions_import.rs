@@ -1,0 +1,271 @@
+//! RabbitMQ's definitions JSON (what `rabbitmqctl export_definitions` and
+//! the management UI write), loaded at start from the file the
+//! `load_definitions` key names.
+//!
+//! Sluice reads its `policies`, `exchanges`, `queues` and `bindings`
+//! sections; the others (users, vhosts, permissions, parameters, ...) are
+//! not acted on and are named in the log. Policies shape how objects behave
+//! from their creation on, so they are handed to the broker before anything
+//! is recovered or declared; the objects are then declared like a client
+//! would, after the node's own saved definitions are recovered.
+
+use std::path::{Path, PathBuf};
+
+use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
+use serde::Deserialize;
+
+use crate::broker::Broker;
+use crate::exchange::Destination;
+use crate::policy::{Policy, PolicyError, PolicyJson};
+use crate::vhost::{ExchangeDeclaration, QueueDeclaration};
+
+/// The sections of a definitions file Sluice reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct DefinitionsFile {
+    #[serde(default)]
+    pub policies: Vec<PolicyJson>,
+    #[serde(default)]
+    pub exchanges: Vec<ExchangeJson>,
+    #[serde(default)]
+    pub queues: Vec<QueueJson>,
+    #[serde(default)]
+    pub bindings: Vec<BindingJson>,
+    /// Every other section, only to name it in the log.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ExchangeJson {
+    pub name: String,
+    pub vhost: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default = "yes")]
+    pub durable: bool,
+    #[serde(default)]
+    pub auto_delete: bool,
+    #[serde(default)]
+    pub internal: bool,
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct QueueJson {
+    pub name: String,
+    pub vhost: String,
+    #[serde(default = "yes")]
+    pub durable: bool,
+    #[serde(default)]
+    pub auto_delete: bool,
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct BindingJson {
+    pub source: String,
+    pub vhost: String,
+    pub destination: String,
+    pub destination_type: String,
+    #[serde(default)]
+    pub routing_key: String,
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionsFileError {
+    #[error("cannot read definitions file {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("definitions file {} is not valid definitions JSON", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("definitions file {}", path.display())]
+    Policy {
+        path: PathBuf,
+        #[source]
+        source: PolicyError,
+    },
+}
+
+/// A definitions file, read and its policies validated.
+#[derive(Debug)]
+pub struct LoadedDefinitions {
+    pub policies: Vec<Policy>,
+    pub file: DefinitionsFile,
+}
+
+/// Reads and validates a definitions file.
+///
+/// # Errors
+/// An unreadable file, JSON that is not RabbitMQ's definitions format, or a
+/// policy RabbitMQ would refuse: the node should not start with a policy
+/// silently missing.
+pub fn load_definitions(path: &Path) -> Result<LoadedDefinitions, DefinitionsFileError> {
+    let bytes = std::fs::read(path).map_err(|source| DefinitionsFileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let file: DefinitionsFile =
+        serde_json::from_slice(&bytes).map_err(|source| DefinitionsFileError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+    let policies = file
+        .policies
+        .iter()
+        .map(Policy::from_json)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| DefinitionsFileError::Policy {
+            path: path.to_owned(),
+            source,
+        })?;
+    for section in file.other.keys() {
+        tracing::info!(section = %section, "definitions file: section not acted on");
+    }
+    tracing::info!(
+        path = %path.display(),
+        policies = policies.len(),
+        exchanges = file.exchanges.len(),
+        queues = file.queues.len(),
+        bindings = file.bindings.len(),
+        "loaded definitions file"
+    );
+    Ok(LoadedDefinitions { policies, file })
+}
+
+/// JSON argument values as RabbitMQ's definitions import types them.
+pub fn json_to_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        table.insert(key.as_str().into(), json_to_value(value));
+    }
+    table
+}
+
+fn json_to_value(value: &serde_json::Value) -> AMQPValue {
+    use serde_json::Value;
+    match value {
+        Value::Null => AMQPValue::Void,
+        Value::Bool(flag) => AMQPValue::Boolean(*flag),
+        Value::Number(number) => match number.as_i64() {
+            Some(integer) => AMQPValue::LongLongInt(integer),
+            None => AMQPValue::Double(number.as_f64().unwrap_or_default()),
+        },
+        Value::String(text) => AMQPValue::LongString(text.as_str().into()),
+        Value::Array(items) => {
+            let mut array = FieldArray::default();
+            for item in items {
+                array.push(json_to_value(item));
+            }
+            AMQPValue::FieldArray(array)
+        }
+        Value::Object(map) => AMQPValue::FieldTable(json_to_table(map)),
+    }
+}
+
+impl Broker {
+    /// Declares the exchanges, queues and bindings of a definitions file,
+    /// in that order, as a client would: what exists already is checked for
+    /// equivalence. A definition that fails is logged and skipped, so one
+    /// bad entry does not keep the rest from loading.
+    pub fn import_definitions(&self, file: &DefinitionsFile) {
+        for exchange in &file.exchanges {
+            let vhost = self.add_vhost(&exchange.vhost);
+            let result = vhost.declare_exchange(ExchangeDeclaration {
+                name: &exchange.name,
+                kind: &exchange.kind,
+                passive: false,
+                durable: exchange.durable,
+                auto_delete: exchange.auto_delete,
+                internal: exchange.internal,
+                arguments: json_to_table(&exchange.arguments),
+            });
+            if let Err(error) = result {
+                tracing::error!(exchange = %exchange.name, vhost = %exchange.vhost, %error, "definitions file: skipping an exchange");
+            }
+        }
+        for queue in &file.queues {
+            let vhost = self.add_vhost(&queue.vhost);
+            let result = vhost.declare_queue(
+                QueueDeclaration {
+                    name: &queue.name,
+                    passive: false,
+                    durable: queue.durable,
+                    exclusive: false,
+                    auto_delete: queue.auto_delete,
+                    arguments: json_to_table(&queue.arguments),
+                },
+                0,
+            );
+            if let Err(error) = result {
+                tracing::error!(queue = %queue.name, vhost = %queue.vhost, %error, "definitions file: skipping a queue");
+            }
+        }
+        for binding in &file.bindings {
+            let vhost = self.add_vhost(&binding.vhost);
+            let destination = match binding.destination_type.as_str() {
+                "exchange" => Destination::Exchange(binding.destination.as_str().into()),
+                _ => Destination::Queue(binding.destination.as_str().into()),
+            };
+            let result = vhost.bind(
+                &binding.source,
+                destination,
+                &binding.routing_key,
+                json_to_table(&binding.arguments),
+                0,
+            );
+            if let Err(error) = result {
+                tracing::error!(source = %binding.source, destination = %binding.destination, vhost = %binding.vhost, %error, "definitions file: skipping a binding");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definitions_import_reads_rabbitmq_export_sections() {
+        let text = r##"{
+            "rabbit_version": "3.10.8",
+            "users": [],
+            "policies": [{"vhost": "/", "name": "limit", "pattern": "^q\\.",
+                          "apply-to": "queues", "priority": 1,
+                          "definition": {"max-length": 10, "ha-mode": "all"}}],
+            "exchanges": [{"name": "x", "vhost": "/", "type": "topic", "durable": true,
+                           "auto_delete": false, "internal": false,
+                           "arguments": {"alternate-exchange": "ae"}}],
+            "queues": [{"name": "q.1", "vhost": "/", "durable": true, "auto_delete": false,
+                        "arguments": {"x-max-length": 5, "x-queue-mode": "lazy"}}],
+            "bindings": [{"source": "x", "vhost": "/", "destination": "q.1",
+                          "destination_type": "queue", "routing_key": "#", "arguments": {}}]
+        }"##;
+        let file: DefinitionsFile = serde_json::from_str(text).unwrap();
+        assert_eq!(file.policies.len(), 1);
+        assert!(file.other.contains_key("users"));
+        let policy = Policy::from_json(&file.policies[0]).unwrap();
+        assert_eq!(policy.definition.max_length, Some(10));
+        let arguments = json_to_table(&file.queues[0].arguments);
+        assert_eq!(
+            arguments.inner().get("x-max-length"),
+            Some(&AMQPValue::LongLongInt(5))
+        );
+        assert_eq!(file.bindings[0].routing_key, "#");
+        assert_eq!(file.exchanges[0].kind, "topic");
+    }
+}
