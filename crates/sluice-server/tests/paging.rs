@@ -292,6 +292,13 @@ async fn paging_compaction_frees_segments_pinned_by_one_unacked_message() {
     assert_eq!(index_of(&held.delivery.data), 0);
     let seen = consume_all(&channel, "pinned", MESSAGES - 1).await;
     assert_eq!(seen.last().unwrap().0, MESSAGES - 1);
+    // Acks are sent without a reply: wait until the broker has them all.
+    let queue = server.queue("pinned");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue.unacked_count() > 1 {
+        assert!(Instant::now() < deadline, "acks never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut after = files_under(&queue_dir);
