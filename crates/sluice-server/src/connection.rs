@@ -54,10 +54,11 @@ pub struct Connection {
     /// Congested queues this connection published into; it does not read
     /// its socket until they drain.
     congested_queues: Vec<Arc<Queue>>,
-    /// Memory and disk alarms: while one is set, a connection that has
-    /// published is blocked.
+    /// Memory and disk alarms: while one is set, a connection that publishes
+    /// is blocked.
     alarms: watch::Receiver<Alarms>,
-    has_published: bool,
+    /// Whether the frames handled since the last alarm check held a publish.
+    published_since_alarm_check: bool,
 }
 
 /// Serves one accepted socket until it closes.
@@ -132,7 +133,7 @@ pub async fn serve(
         durable_rounds,
         congested_queues: Vec::new(),
         alarms,
-        has_published: false,
+        published_since_alarm_check: false,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -240,9 +241,6 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
-                // An alarm set while this publisher waits for its next read
-                // blocks it now, not at its next publish.
-                _ = self.alarms.changed(), if self.has_published && !self.closing && self.alarms.has_changed().is_ok() => {}
                 _ = shutdown.changed(), if !self.closing => {
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
@@ -325,16 +323,20 @@ impl Connection {
 
     /// While a memory or disk alarm is set, a connection that publishes is
     /// not read (RabbitMQ's "blocked"); one that only consumes carries on,
-    /// since its acks are what free memory. Clients that advertised the
-    /// capability hear connection.blocked and connection.unblocked. Returns
-    /// false when shutdown started a close during the wait.
+    /// since its acks are what free memory. As in RabbitMQ, a connection is
+    /// blocked when it publishes while the alarm is in effect, not before
+    /// ("blocking" until then): one that published before the alarm but now
+    /// only acks keeps being read. Clients that advertised the capability
+    /// hear connection.blocked and connection.unblocked. Returns false when
+    /// shutdown started a close during the wait.
     async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let published = std::mem::take(&mut self.published_since_alarm_check);
         let alarms = *self.alarms.borrow();
-        if !alarms.any() || !self.has_published || self.closing {
+        if !alarms.any() || !published || self.closing {
             return true;
         }
         let notify = self.context.client_capabilities.connection_blocked;
-        tracing::info!(peer = %self.peer, reason = alarms.reason(), "connection blocked");
+        tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, reason = alarms.reason(), "connection blocked");
         if notify {
             self.send(
                 0,
@@ -364,7 +366,7 @@ impl Connection {
                 }
             }
         }
-        tracing::info!(peer = %self.peer, "connection unblocked");
+        tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, "connection unblocked");
         if notify {
             self.send(
                 0,
@@ -542,7 +544,7 @@ impl Connection {
         let context = &self.context;
         let result = match method {
             Method::Publish(publish) => {
-                self.has_published = true;
+                self.published_since_alarm_check = true;
                 channel.handle_publish(publish)
             }
             Method::Ack(ack) => channel.handle_ack(ack),

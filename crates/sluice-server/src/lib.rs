@@ -1,6 +1,7 @@
 //! The AMQP 0-9-1 server.
 //!
-//! - [`alarm`]: memory and disk alarms that block publishers.
+//! - [`alarm`]: memory and disk alarms that block publishers, and their monitor.
+//! - [`resource_limit`]: the alarm thresholds, relative or absolute.
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`connection`]: one client connection's reader task and frame handling.
@@ -21,6 +22,7 @@ pub mod frame_reader;
 pub mod handshake;
 pub mod limits;
 pub mod outbox;
+pub mod resource_limit;
 pub mod server;
 pub mod settings;
 pub mod store_config;
