@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::alarm::Alarms;
 use crate::channel::Channel;
 use crate::connection_context::ConnectionContext;
+use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, HandshakeError};
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
@@ -59,6 +60,15 @@ pub struct Connection {
     alarms: watch::Receiver<Alarms>,
     /// Whether the frames handled since the last alarm check held a publish.
     published_since_alarm_check: bool,
+    /// Where this connection reports its flow pauses and blocks.
+    registration: Registration,
+}
+
+/// What holds a connection back besides its own queues, and where it says
+/// so: the resource alarms, and the registry that lists its state.
+pub struct ResourceThrottle {
+    pub alarms: watch::Receiver<Alarms>,
+    pub registry: Arc<ConnectionRegistry>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -69,8 +79,9 @@ pub async fn serve(
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
-    alarms: watch::Receiver<Alarms>,
+    throttle: ResourceThrottle,
 ) {
+    let ResourceThrottle { alarms, registry } = throttle;
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
@@ -97,6 +108,12 @@ pub async fn serve(
     };
     let connection_id = broker.next_connection_id();
     tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
+    let registration = registry.register(
+        connection_id,
+        peer,
+        &negotiated.user,
+        &negotiated.vhost.name,
+    );
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
     let outbox = Outbox::new();
@@ -134,6 +151,7 @@ pub async fn serve(
         congested_queues: Vec::new(),
         alarms,
         published_since_alarm_check: false,
+        registration,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -294,6 +312,9 @@ impl Connection {
             self.congested_queues.clear();
             return true;
         }
+        // The registry hears of a pause only when there is one: most batches
+        // end with no congested queue and cost nothing here.
+        let mut paused = false;
         while let Some(queue) = self.congested_queues.last().cloned() {
             let uncongested = queue.uncongested();
             tokio::pin!(uncongested);
@@ -302,6 +323,10 @@ impl Connection {
                 self.congested_queues.pop();
                 continue;
             }
+            if !paused {
+                paused = true;
+                self.registration.flow_started();
+            }
             tokio::select! {
                 _ = uncongested => {}
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
@@ -309,6 +334,7 @@ impl Connection {
                 }
                 _ = shutdown.changed() => {
                     self.congested_queues.clear();
+                    self.registration.flow_ended();
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
                         0,
@@ -317,6 +343,9 @@ impl Connection {
                     return false;
                 }
             }
+        }
+        if paused {
+            self.registration.flow_ended();
         }
         true
     }
@@ -336,6 +365,7 @@ impl Connection {
             return true;
         }
         let notify = self.context.client_capabilities.connection_blocked;
+        self.registration.blocked();
         tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, reason = alarms.reason(), "connection blocked");
         if notify {
             self.send(
@@ -357,6 +387,7 @@ impl Connection {
                     self.flush_waiting_confirms();
                 }
                 _ = shutdown.changed() => {
+                    self.registration.unblocked();
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
                         0,
@@ -366,6 +397,7 @@ impl Connection {
                 }
             }
         }
+        self.registration.unblocked();
         tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, "connection unblocked");
         if notify {
             self.send(

@@ -5,6 +5,7 @@
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`connection`]: one client connection's reader task and frame handling.
+//! - [`connection_registry`]: the open connections and their flow-control state.
 //! - [`handshake`]: protocol header, authentication, tuning, vhost.
 //! - [`channel`]: a channel's methods: publish, consume, declare, tx, confirms.
 //! - [`delivery`]: what queues call to deliver to a channel's consumers.
@@ -17,6 +18,7 @@ pub mod channel;
 pub mod config;
 pub mod connection;
 pub mod connection_context;
+pub mod connection_registry;
 pub mod delivery;
 pub mod frame_reader;
 pub mod handshake;

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use crate::alarm::{AlarmMonitor, Alarms};
 use crate::config::Config;
 use crate::connection;
+use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 
@@ -45,6 +46,7 @@ pub struct RunningServer {
     group_commit: Arc<GroupCommit>,
     store: Arc<DefinitionStore>,
     alarm_monitor: AlarmMonitor,
+    connections: Arc<ConnectionRegistry>,
 }
 
 impl RunningServer {
@@ -52,6 +54,11 @@ impl RunningServer {
     /// changed while the server runs.
     pub fn alarm_monitor(&self) -> &AlarmMonitor {
         &self.alarm_monitor
+    }
+
+    /// Every open connection with its flow-control state, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionSnapshot> {
+        self.connections.snapshots()
     }
 
     /// Closes every connection with CONNECTION_FORCED and stops accepting.
@@ -120,6 +127,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         tracing::warn!("{warning}");
     }
     let alarms = alarm_monitor.subscribe();
+    let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
@@ -130,6 +138,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         shutdown_receiver,
         durable_rounds,
         alarms,
+        Arc::clone(&connections),
     ));
     Ok(RunningServer {
         local_address,
@@ -139,6 +148,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         group_commit,
         store,
         alarm_monitor,
+        connections,
     })
 }
 
@@ -149,6 +159,7 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
     alarms: watch::Receiver<Alarms>,
+    registry: Arc<ConnectionRegistry>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -162,7 +173,10 @@ async fn accept_loop(
                         Arc::clone(&settings),
                         shutdown.clone(),
                         durable_rounds.clone(),
-                        alarms.clone(),
+                        connection::ResourceThrottle {
+                            alarms: alarms.clone(),
+                            registry: Arc::clone(&registry),
+                        },
                     ));
                 }
                 Err(error) => {
