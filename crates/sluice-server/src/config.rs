@@ -13,6 +13,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::{self, StoreConfig, STORE_KEYS};
 
 /// AMQP 0-9-1 `FRAME-MIN-SIZE`: the smallest `frame_max` a peer may negotiate. RabbitMQ uses
@@ -61,12 +62,24 @@ pub struct Config {
     /// Log level (`log.console.level`): one of RabbitMQ's levels `debug`, `info`, `notice`,
     /// `warning`, `error`, `critical`, `alert`, `emergency`, `none`. Default `info`.
     pub log_level: String,
-    /// Memory alarm threshold as a fraction of available memory
-    /// (`vm_memory_high_watermark.relative`). Default 0.4.
-    pub vm_memory_high_watermark_relative: f64,
+    /// Memory alarm threshold as a fraction of the memory available
+    /// (`vm_memory_high_watermark.relative`), from 0.0 to 1.0. `None` (the default) means
+    /// [`VM_MEMORY_HIGH_WATERMARK_RELATIVE_DEFAULT`](crate::resource_limit::VM_MEMORY_HIGH_WATERMARK_RELATIVE_DEFAULT) (0.6) unless an absolute watermark is set;
+    /// see [`Config::vm_memory_high_watermark`].
+    pub vm_memory_high_watermark_relative: Option<f64>,
+    /// Memory alarm threshold in bytes (`vm_memory_high_watermark.absolute`, e.g.
+    /// `1073741824`, `1024MiB`, `2GB`). Takes precedence over the relative form when both
+    /// are set, as in RabbitMQ. Default `None`.
+    pub vm_memory_high_watermark_absolute_bytes: Option<u64>,
     /// Disk alarm threshold: free bytes below which publishers are blocked
-    /// (`disk_free_limit.absolute`, e.g. `50000000`, `50MB`, `2GiB`). Default 50 000 000.
-    pub disk_free_limit_bytes: u64,
+    /// (`disk_free_limit.absolute`, e.g. `50000000`, `50MB`, `2GiB`). Takes precedence over
+    /// the relative form when both are set, as in RabbitMQ. `None` (the default) means
+    /// [`DISK_FREE_LIMIT_DEFAULT_BYTES`](crate::resource_limit::DISK_FREE_LIMIT_DEFAULT_BYTES) (50 MB) unless a relative limit is set; see
+    /// [`Config::disk_free_limit`].
+    pub disk_free_limit_absolute_bytes: Option<u64>,
+    /// Disk alarm threshold as a multiple of the memory available
+    /// (`disk_free_limit.relative`, e.g. `1.5`). Default `None`.
+    pub disk_free_limit_relative: Option<f64>,
     /// How queues keep messages on disk (`store.*`).
     pub store: StoreConfig,
     /// A definitions file in RabbitMQ's JSON format, read at start
@@ -93,8 +106,10 @@ impl Default for Config {
             max_message_size: MAX_MESSAGE_SIZE_DEFAULT,
             handshake_timeout_ms: 10_000,
             log_level: "info".to_owned(),
-            vm_memory_high_watermark_relative: 0.4,
-            disk_free_limit_bytes: 50_000_000,
+            vm_memory_high_watermark_relative: None,
+            vm_memory_high_watermark_absolute_bytes: None,
+            disk_free_limit_absolute_bytes: None,
+            disk_free_limit_relative: None,
             store: StoreConfig::default(),
             load_definitions: None,
         }
@@ -156,8 +171,10 @@ const KNOWN_KEYS: &[&str] = &[
     "handshake_timeout",
     "log.console.level",
     "vm_memory_high_watermark.relative",
+    "vm_memory_high_watermark.absolute",
     "disk_free_limit.absolute",
     "load_definitions",
+    "disk_free_limit.relative",
 ];
 
 /// RabbitMQ's log levels, accepted by `log.console.level`.
@@ -296,16 +313,38 @@ impl Config {
                     config.log_level = value.to_owned();
                 }
                 "vm_memory_high_watermark.relative" => {
-                    config.vm_memory_high_watermark_relative = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|fraction| (0.0..=1.0).contains(fraction))
-                        .ok_or_else(|| invalid("expected a fraction from 0.0 to 1.0, e.g. 0.4"))?;
+                    config.vm_memory_high_watermark_relative = Some(
+                        value
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|fraction| (0.0..=1.0).contains(fraction))
+                            .ok_or_else(|| {
+                                invalid("expected a fraction of the memory available from 0.0 to 1.0, e.g. 0.6")
+                            })?,
+                    );
+                }
+                "vm_memory_high_watermark.absolute" => {
+                    config.vm_memory_high_watermark_absolute_bytes =
+                        Some(parse_information_unit(value).ok_or_else(|| {
+                            invalid(&format!("expected a number of bytes with an optional unit: {INFORMATION_UNIT_EXAMPLES}"))
+                        })?);
                 }
                 "disk_free_limit.absolute" => {
-                    config.disk_free_limit_bytes = parse_information_unit(value).ok_or_else(|| {
-                        invalid("expected a number of bytes with an optional unit: 50000000, 50MB, 500MiB, 2GB, 2GiB, 1TB")
-                    })?;
+                    config.disk_free_limit_absolute_bytes =
+                        Some(parse_information_unit(value).ok_or_else(|| {
+                            invalid(&format!("expected a number of bytes with an optional unit: {INFORMATION_UNIT_EXAMPLES}"))
+                        })?);
+                }
+                "disk_free_limit.relative" => {
+                    config.disk_free_limit_relative = Some(
+                        value
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|multiple| multiple.is_finite() && *multiple >= 0.0)
+                            .ok_or_else(|| {
+                                invalid("expected a non-negative multiple of the memory available, e.g. 1.5")
+                            })?,
+                    );
                 }
                 _ if key.starts_with("store.") => {
                     match store_config::apply(&mut config.store, key, value, parse_information_unit)
@@ -352,6 +391,52 @@ impl Config {
             config.loopback_users = users;
         }
         Ok(config)
+    }
+
+    /// The memory alarm's threshold. As in RabbitMQ's schema, an absolute watermark takes
+    /// precedence over a relative one; with neither, the default fraction applies.
+    pub fn vm_memory_high_watermark(&self) -> MemoryWatermark {
+        match (
+            self.vm_memory_high_watermark_absolute_bytes,
+            self.vm_memory_high_watermark_relative,
+        ) {
+            (Some(bytes), _) => MemoryWatermark::Absolute(bytes),
+            (None, Some(fraction)) => MemoryWatermark::Relative(fraction),
+            (None, None) => MemoryWatermark::default(),
+        }
+    }
+
+    /// The disk alarm's threshold. As in RabbitMQ's schema, an absolute limit takes
+    /// precedence over a relative one; with neither, the default 50 MB applies.
+    pub fn disk_free_limit(&self) -> DiskFreeLimit {
+        match (
+            self.disk_free_limit_absolute_bytes,
+            self.disk_free_limit_relative,
+        ) {
+            (Some(bytes), _) => DiskFreeLimit::Absolute(bytes),
+            (None, Some(multiple)) => DiskFreeLimit::MemoryRelative(multiple),
+            (None, None) => DiskFreeLimit::default(),
+        }
+    }
+
+    /// Settings that are accepted but partly ignored, in RabbitMQ's words, for the log once
+    /// logging is up (the file is read before that).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.vm_memory_high_watermark_absolute_bytes.is_some()
+            && self.vm_memory_high_watermark_relative.is_some()
+        {
+            warnings.push(
+                "both vm_memory_high_watermark.absolute and vm_memory_high_watermark.relative are configured; vm_memory_high_watermark.absolute has precedence".to_owned(),
+            );
+        }
+        if self.disk_free_limit_absolute_bytes.is_some() && self.disk_free_limit_relative.is_some()
+        {
+            warnings.push(
+                "both disk_free_limit.absolute and disk_free_limit.relative are configured; disk_free_limit.absolute has precedence".to_owned(),
+            );
+        }
+        warnings
     }
 
     /// The `tracing` filter directive for [`Config::log_level`]: RabbitMQ's eight levels
@@ -421,10 +506,17 @@ fn parse_bytesize(text: &str) -> Option<u64> {
     parse_digits(digits)?.checked_mul(multiplier)
 }
 
-/// Parses RabbitMQ's information units (used by `disk_free_limit.absolute`), matching
-/// `rabbit_resource_monitor_misc:parse_information_unit`: digits, then an optional unit,
-/// case-insensitive. `k`, `ki`, `kib` (and `m`, `g`, `t` alike) are powers of 1024; `kb`,
-/// `mb`, `gb`, `tb` are powers of 1000.
+/// Examples of the information units [`parse_information_unit`] accepts, for error messages.
+const INFORMATION_UNIT_EXAMPLES: &str = "50000000, 50MB, 500MiB, 500Mi, 2GB, 2GiB, 2Gi, 1TB";
+
+/// Parses RabbitMQ's information units (used by `vm_memory_high_watermark.absolute` and
+/// `disk_free_limit.absolute`), after `rabbit_resource_monitor_misc:parse_information_unit`:
+/// digits, then an optional unit, case-insensitive. `kib`, `ki` (and `mib`, `gib`, `tib`,
+/// `pib` alike) are powers of 1024; `kb`, `mb`, `gb`, `tb`, `pb` are powers of 1000. A bare
+/// `k`, `m`, `g` is a power of 1024, as in RabbitMQ 3.10, so a 3.10 `rabbitmq.conf` means
+/// the same here. RabbitMQ 3.13 added the `T` and `P` units and the `Ki`, `Mi`, `Gi` forms,
+/// which Sluice accepts too, but also made bare letters powers of 1000 (as Kubernetes
+/// does), which Sluice does not follow.
 fn parse_information_unit(text: &str) -> Option<u64> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -438,10 +530,12 @@ fn parse_information_unit(text: &str) -> Option<u64> {
         "m" | "mi" | "mib" => 1 << 20,
         "g" | "gi" | "gib" => 1 << 30,
         "t" | "ti" | "tib" => 1 << 40,
+        "p" | "pi" | "pib" => 1 << 50,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
+        "pb" => 1_000_000_000_000_000,
         _ => return None,
     };
     number.checked_mul(multiplier)
@@ -513,9 +607,16 @@ mod tests {
         assert_eq!(config.max_message_size, 134_217_728);
         assert_eq!(config.handshake_timeout_ms, 10_000);
         assert_eq!(config.log_level, "info");
-        assert_eq!(config.vm_memory_high_watermark_relative, 0.4);
-        assert_eq!(config.disk_free_limit_bytes, 50_000_000);
         assert_eq!(config.load_definitions, None);
+        assert_eq!(
+            config.vm_memory_high_watermark(),
+            MemoryWatermark::Relative(0.6)
+        );
+        assert_eq!(
+            config.disk_free_limit(),
+            DiskFreeLimit::Absolute(50_000_000)
+        );
+        assert!(config.warnings().is_empty());
     }
 
     #[test]
@@ -741,16 +842,118 @@ mod tests {
     }
 
     #[test]
-    fn vm_memory_high_watermark() {
-        let config = parse("vm_memory_high_watermark.relative = 0.6").unwrap();
-        assert_eq!(config.vm_memory_high_watermark_relative, 0.6);
-        for value in ["1.5", "-0.1", "forty", "NaN"] {
+    fn vm_memory_high_watermark_relative() {
+        for (value, fraction) in [("0.4", 0.4), ("0", 0.0), ("1", 1.0), ("1.0", 1.0)] {
+            let config = parse(&format!("vm_memory_high_watermark.relative = {value}")).unwrap();
+            assert_eq!(
+                config.vm_memory_high_watermark(),
+                MemoryWatermark::Relative(fraction),
+                "{value}"
+            );
+        }
+        assert_eq!(
+            error("vm_memory_high_watermark.relative = 1.5"),
+            "line 1: invalid value '1.5' for 'vm_memory_high_watermark.relative': expected a fraction of the memory available from 0.0 to 1.0, e.g. 0.6"
+        );
+        for value in ["-0.1", "forty", "NaN", "40%"] {
             let message = error(&format!("vm_memory_high_watermark.relative = {value}"));
             assert!(
-                message.starts_with(&format!("line 1: invalid value '{value}'")),
+                message.starts_with(&format!(
+                    "line 1: invalid value '{value}' for 'vm_memory_high_watermark.relative'"
+                )),
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn vm_memory_high_watermark_absolute() {
+        let cases = [
+            ("1073741824", 1 << 30),
+            ("1024MiB", 1 << 30),
+            ("1024M", 1 << 30),
+            ("1Gi", 1 << 30),
+            ("1G", 1 << 30),
+            ("2GB", 2_000_000_000),
+            ("2gb", 2_000_000_000),
+            ("0", 0),
+        ];
+        for (value, bytes) in cases {
+            let config = parse(&format!("vm_memory_high_watermark.absolute = {value}")).unwrap();
+            assert_eq!(
+                config.vm_memory_high_watermark(),
+                MemoryWatermark::Absolute(bytes),
+                "{value}"
+            );
+        }
+        assert_eq!(
+            error("\nvm_memory_high_watermark.absolute = 2 GB"),
+            "line 2: invalid value '2 GB' for 'vm_memory_high_watermark.absolute': expected a number of bytes with an optional unit: 50000000, 50MB, 500MiB, 500Mi, 2GB, 2GiB, 2Gi, 1TB"
+        );
+        for value in ["0.5", "1.5GB", "-1", "2XB", "GB", "99999999999999999999"] {
+            let message = error(&format!("vm_memory_high_watermark.absolute = {value}"));
+            assert!(
+                message.starts_with(&format!(
+                    "line 1: invalid value '{value}' for 'vm_memory_high_watermark.absolute'"
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn vm_memory_high_watermark_absolute_wins_over_relative() {
+        // Whichever line comes first, as in RabbitMQ's schema translation.
+        for text in [
+            "vm_memory_high_watermark.relative = 0.5\nvm_memory_high_watermark.absolute = 2GB",
+            "vm_memory_high_watermark.absolute = 2GB\nvm_memory_high_watermark.relative = 0.5",
+        ] {
+            let config = parse(text).unwrap();
+            assert_eq!(
+                config.vm_memory_high_watermark(),
+                MemoryWatermark::Absolute(2_000_000_000)
+            );
+            assert_eq!(config.warnings().len(), 1);
+            assert!(
+                config.warnings()[0].contains("vm_memory_high_watermark.absolute has precedence")
+            );
+        }
+    }
+
+    #[test]
+    fn disk_free_limit_relative() {
+        for (value, multiple) in [("1.0", 1.0), ("1.5", 1.5), ("2", 2.0), ("0", 0.0)] {
+            let config = parse(&format!("disk_free_limit.relative = {value}")).unwrap();
+            assert_eq!(
+                config.disk_free_limit(),
+                DiskFreeLimit::MemoryRelative(multiple),
+                "{value}"
+            );
+        }
+        assert_eq!(
+            error("disk_free_limit.relative = -1"),
+            "line 1: invalid value '-1' for 'disk_free_limit.relative': expected a non-negative multiple of the memory available, e.g. 1.5"
+        );
+        for value in ["inf", "NaN", "two", "50MB"] {
+            let message = error(&format!("disk_free_limit.relative = {value}"));
+            assert!(
+                message.starts_with(&format!(
+                    "line 1: invalid value '{value}' for 'disk_free_limit.relative'"
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn disk_free_limit_absolute_wins_over_relative() {
+        let config =
+            parse("disk_free_limit.absolute = 1GB\ndisk_free_limit.relative = 2.0").unwrap();
+        assert_eq!(
+            config.disk_free_limit(),
+            DiskFreeLimit::Absolute(1_000_000_000)
+        );
+        assert!(config.warnings()[0].contains("disk_free_limit.absolute has precedence"));
     }
 
     #[test]
@@ -770,10 +973,17 @@ mod tests {
             ("2GiB", 2 << 30),
             ("2gib", 2 << 30),
             ("1TiB", 1 << 40),
+            ("1Ti", 1 << 40),
+            ("1PiB", 1 << 50),
+            ("1PB", 1_000_000_000_000_000),
         ];
         for (value, bytes) in cases {
             let config = parse(&format!("disk_free_limit.absolute = {value}")).unwrap();
-            assert_eq!(config.disk_free_limit_bytes, bytes, "{value}");
+            assert_eq!(
+                config.disk_free_limit(),
+                DiskFreeLimit::Absolute(bytes),
+                "{value}"
+            );
         }
         for value in ["MB", "50XB", "1.5GB", "-1", "50 MB"] {
             let message = error(&format!("disk_free_limit.absolute = {value}"));
@@ -861,7 +1071,14 @@ disk_free_limit.absolute = 2GB
         assert_eq!(config.listen, "127.0.0.1:5673".parse().unwrap());
         assert!(config.loopback_users.is_empty());
         assert_eq!(config.max_message_size, 16_777_216);
-        assert_eq!(config.disk_free_limit_bytes, 2_000_000_000);
+        assert_eq!(
+            config.disk_free_limit(),
+            DiskFreeLimit::Absolute(2_000_000_000)
+        );
+        assert_eq!(
+            config.vm_memory_high_watermark(),
+            MemoryWatermark::Relative(0.5)
+        );
     }
 
     #[test]

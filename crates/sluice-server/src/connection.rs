@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::alarm::Alarms;
 use crate::channel::Channel;
 use crate::connection_context::ConnectionContext;
+use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, HandshakeError};
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
@@ -54,10 +55,20 @@ pub struct Connection {
     /// Congested queues this connection published into; it does not read
     /// its socket until they drain.
     congested_queues: Vec<Arc<Queue>>,
-    /// Memory and disk alarms: while one is set, a connection that has
-    /// published is blocked.
+    /// Memory and disk alarms: while one is set, a connection that publishes
+    /// is blocked.
     alarms: watch::Receiver<Alarms>,
-    has_published: bool,
+    /// Whether the frames handled since the last alarm check held a publish.
+    published_since_alarm_check: bool,
+    /// Where this connection reports its flow pauses and blocks.
+    registration: Registration,
+}
+
+/// What holds a connection back besides its own queues, and where it says
+/// so: the resource alarms, and the registry that lists its state.
+pub struct ResourceThrottle {
+    pub alarms: watch::Receiver<Alarms>,
+    pub registry: Arc<ConnectionRegistry>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -68,8 +79,9 @@ pub async fn serve(
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
-    alarms: watch::Receiver<Alarms>,
+    throttle: ResourceThrottle,
 ) {
+    let ResourceThrottle { alarms, registry } = throttle;
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
@@ -96,6 +108,12 @@ pub async fn serve(
     };
     let connection_id = broker.next_connection_id();
     tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
+    let registration = registry.register(
+        connection_id,
+        peer,
+        &negotiated.user,
+        &negotiated.vhost.name,
+    );
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
     let outbox = Outbox::new();
@@ -132,7 +150,8 @@ pub async fn serve(
         durable_rounds,
         congested_queues: Vec::new(),
         alarms,
-        has_published: false,
+        published_since_alarm_check: false,
+        registration,
     };
     connection.run(&mut reader, &mut shutdown).await;
     connection.release();
@@ -240,9 +259,6 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
-                // An alarm set while this publisher waits for its next read
-                // blocks it now, not at its next publish.
-                _ = self.alarms.changed(), if self.has_published && !self.closing && self.alarms.has_changed().is_ok() => {}
                 _ = shutdown.changed(), if !self.closing => {
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
@@ -296,6 +312,9 @@ impl Connection {
             self.congested_queues.clear();
             return true;
         }
+        // The registry hears of a pause only when there is one: most batches
+        // end with no congested queue and cost nothing here.
+        let mut paused = false;
         while let Some(queue) = self.congested_queues.last().cloned() {
             let uncongested = queue.uncongested();
             tokio::pin!(uncongested);
@@ -304,6 +323,10 @@ impl Connection {
                 self.congested_queues.pop();
                 continue;
             }
+            if !paused {
+                paused = true;
+                self.registration.flow_started();
+            }
             tokio::select! {
                 _ = uncongested => {}
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
@@ -311,6 +334,7 @@ impl Connection {
                 }
                 _ = shutdown.changed() => {
                     self.congested_queues.clear();
+                    self.registration.flow_ended();
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
                         0,
@@ -320,21 +344,29 @@ impl Connection {
                 }
             }
         }
+        if paused {
+            self.registration.flow_ended();
+        }
         true
     }
 
     /// While a memory or disk alarm is set, a connection that publishes is
     /// not read (RabbitMQ's "blocked"); one that only consumes carries on,
-    /// since its acks are what free memory. Clients that advertised the
-    /// capability hear connection.blocked and connection.unblocked. Returns
-    /// false when shutdown started a close during the wait.
+    /// since its acks are what free memory. As in RabbitMQ, a connection is
+    /// blocked when it publishes while the alarm is in effect, not before
+    /// ("blocking" until then): one that published before the alarm but now
+    /// only acks keeps being read. Clients that advertised the capability
+    /// hear connection.blocked and connection.unblocked. Returns false when
+    /// shutdown started a close during the wait.
     async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let published = std::mem::take(&mut self.published_since_alarm_check);
         let alarms = *self.alarms.borrow();
-        if !alarms.any() || !self.has_published || self.closing {
+        if !alarms.any() || !published || self.closing {
             return true;
         }
         let notify = self.context.client_capabilities.connection_blocked;
-        tracing::info!(peer = %self.peer, reason = alarms.reason(), "connection blocked");
+        self.registration.blocked();
+        tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, reason = alarms.reason(), "connection blocked");
         if notify {
             self.send(
                 0,
@@ -355,6 +387,7 @@ impl Connection {
                     self.flush_waiting_confirms();
                 }
                 _ = shutdown.changed() => {
+                    self.registration.unblocked();
                     self.start_close(
                         &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
                         0,
@@ -364,7 +397,8 @@ impl Connection {
                 }
             }
         }
-        tracing::info!(peer = %self.peer, "connection unblocked");
+        self.registration.unblocked();
+        tracing::info!(peer = %self.peer, connection_id = self.context.connection_id, "connection unblocked");
         if notify {
             self.send(
                 0,
@@ -542,7 +576,7 @@ impl Connection {
         let context = &self.context;
         let result = match method {
             Method::Publish(publish) => {
-                self.has_published = true;
+                self.published_since_alarm_check = true;
                 channel.handle_publish(publish)
             }
             Method::Ack(ack) => channel.handle_ack(ack),

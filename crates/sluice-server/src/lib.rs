@@ -1,9 +1,11 @@
 //! The AMQP 0-9-1 server.
 //!
-//! - [`alarm`]: memory and disk alarms that block publishers.
+//! - [`alarm`]: memory and disk alarms that block publishers, and their monitor.
+//! - [`resource_limit`]: the alarm thresholds, relative or absolute.
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`connection`]: one client connection's reader task and frame handling.
+//! - [`connection_registry`]: the open connections and their flow-control state.
 //! - [`handshake`]: protocol header, authentication, tuning, vhost.
 //! - [`channel`]: a channel's methods: publish, consume, declare, tx, confirms.
 //! - [`delivery`]: what queues call to deliver to a channel's consumers.
@@ -16,11 +18,13 @@ pub mod channel;
 pub mod config;
 pub mod connection;
 pub mod connection_context;
+pub mod connection_registry;
 pub mod delivery;
 pub mod frame_reader;
 pub mod handshake;
 pub mod limits;
 pub mod outbox;
+pub mod resource_limit;
 pub mod server;
 pub mod settings;
 pub mod store_config;

@@ -13,9 +13,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::alarm::{self, AlarmSettings, Alarms};
+use crate::alarm::{AlarmMonitor, Alarms};
 use crate::config::Config;
 use crate::connection;
+use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
+use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 
 /// Open connections get this long to finish their close handshake when the
@@ -34,6 +36,8 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("invalid resource limit")]
+    Limit(#[source] LimitError),
 }
 
 /// A server that is accepting connections.
@@ -44,9 +48,22 @@ pub struct RunningServer {
     task: tokio::task::JoinHandle<()>,
     group_commit: Arc<GroupCommit>,
     store: Arc<DefinitionStore>,
+    alarm_monitor: AlarmMonitor,
+    connections: Arc<ConnectionRegistry>,
 }
 
 impl RunningServer {
+    /// The memory and disk alarms: what is in effect, and the thresholds, which can be
+    /// changed while the server runs.
+    pub fn alarm_monitor(&self) -> &AlarmMonitor {
+        &self.alarm_monitor
+    }
+
+    /// Every open connection with its flow-control state, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionSnapshot> {
+        self.connections.snapshots()
+    }
+
     /// Closes every connection with CONNECTION_FORCED and stops accepting.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
@@ -110,23 +127,25 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     if let Some(loaded) = &loaded {
         broker.import_definitions(&loaded.file);
     }
+    let alarm_monitor = match AlarmMonitor::start(
+        config.vm_memory_high_watermark(),
+        config.disk_free_limit(),
+        config.data_dir.clone(),
+    ) {
+        Ok(monitor) => monitor,
+        Err(error) => {
+            group_commit.stop();
+            return Err(ServerError::Limit(error));
+        }
+    };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    let alarms = alarm_monitor.subscribe();
+    let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
-    let total_memory = alarm::total_memory_bytes().unwrap_or(u64::MAX);
-    let alarm_settings = AlarmSettings {
-        memory_watermark_bytes: (total_memory as f64 * config.vm_memory_high_watermark_relative)
-            as u64,
-        disk_free_limit_bytes: config.disk_free_limit_bytes,
-        data_dir: config.data_dir.clone(),
-    };
-    tracing::info!(
-        memory_watermark_bytes = alarm_settings.memory_watermark_bytes,
-        disk_free_limit_bytes = alarm_settings.disk_free_limit_bytes,
-        "resource limits"
-    );
-    let (alarms_sender, alarms) = watch::channel(Alarms::default());
-    tokio::spawn(alarm::monitor(alarm_settings, alarms_sender));
     let task = tokio::spawn(accept_loop(
         listener,
         Arc::clone(&broker),
@@ -134,6 +153,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         shutdown_receiver,
         durable_rounds,
         alarms,
+        Arc::clone(&connections),
     ));
     Ok(RunningServer {
         local_address,
@@ -142,6 +162,8 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         task,
         group_commit,
         store,
+        alarm_monitor,
+        connections,
     })
 }
 
@@ -152,6 +174,7 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
     alarms: watch::Receiver<Alarms>,
+    registry: Arc<ConnectionRegistry>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -165,7 +188,10 @@ async fn accept_loop(
                         Arc::clone(&settings),
                         shutdown.clone(),
                         durable_rounds.clone(),
-                        alarms.clone(),
+                        connection::ResourceThrottle {
+                            alarms: alarms.clone(),
+                            registry: Arc::clone(&registry),
+                        },
                     ));
                 }
                 Err(error) => {

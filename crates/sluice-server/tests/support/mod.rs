@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use sluice_server::config::Config;
 use sluice_server::RunningServer;
 
+pub mod alarm;
 pub mod raw;
 
 pub struct TestServer {
@@ -81,6 +82,11 @@ impl TestServer {
             .into_iter()
             .find(|queue| &*queue.name == name)
             .unwrap_or_else(|| panic!("no queue '{name}'"))
+    }
+
+    /// The running server, for what only the process can see: alarms, connections.
+    pub fn running(&self) -> &RunningServer {
+        self.server.as_ref().expect("the server is running")
     }
 
     pub fn uri(&self) -> String {

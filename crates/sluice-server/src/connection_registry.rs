@@ -1,0 +1,353 @@
+//! Every open connection with its flow-control state, for the management API to list
+//! (RabbitMQ's `rabbitmqctl list_connections name user vhost state`).
+//!
+//! A connection registers once its handshake is done and is gone from the registry when
+//! its [`Registration`] is dropped. It reports only pauses and resumes (a flow pause, a
+//! block), never individual messages, so publishing costs nothing extra. Whether an
+//! alarm is in effect comes from the alarm monitor when a snapshot is taken.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use sluice_core::consumer::ConnectionId;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::alarm::Alarms;
+
+/// A connection is shown in `flow` for this long after its last flow pause ended, as in
+/// RabbitMQ (`rabbit_reader`, 5 seconds): a publisher held to a queue's drain rate is paused
+/// for milliseconds at a time, and a state polled every few seconds would otherwise almost
+/// never show it.
+pub const FLOW_STATE_LINGER: Duration = Duration::from_secs(5);
+
+/// What a connection is doing about flow control, with RabbitMQ's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Read as fast as it sends.
+    Running,
+    /// Paused now, or within [`FLOW_STATE_LINGER`], because a queue it publishes into is
+    /// congested.
+    Flow,
+    /// A resource alarm is in effect, but the connection has not published since: it is
+    /// still read, and will be blocked at its next publish.
+    Blocking,
+    /// Not read because of a resource alarm: it published while one was in effect.
+    Blocked,
+}
+
+impl ConnectionState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ConnectionState::Running => "running",
+            ConnectionState::Flow => "flow",
+            ConnectionState::Blocking => "blocking",
+            ConnectionState::Blocked => "blocked",
+        }
+    }
+}
+
+impl fmt::Display for ConnectionState {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// One connection as it was when the snapshot was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionSnapshot {
+    pub connection_id: ConnectionId,
+    pub peer_address: SocketAddr,
+    pub user: String,
+    pub vhost: String,
+    pub connected_at: SystemTime,
+    pub state: ConnectionState,
+    /// Time spent paused by congested queues since the connection opened, the current
+    /// pause included.
+    pub time_in_flow_ms: u64,
+    /// Time spent blocked by resource alarms since the connection opened, the current
+    /// block included.
+    pub time_blocked_ms: u64,
+    /// When the current block started; `None` unless the state is
+    /// [`ConnectionState::Blocked`].
+    pub blocked_since: Option<SystemTime>,
+}
+
+/// The open connections. It holds one entry per connection that finished its handshake,
+/// so it is bounded by the sockets the listener can accept (the process's file
+/// descriptor limit).
+pub struct ConnectionRegistry {
+    connections: Mutex<BTreeMap<ConnectionId, Arc<Entry>>>,
+    alarms: watch::Receiver<Alarms>,
+}
+
+struct Entry {
+    peer_address: SocketAddr,
+    user: String,
+    vhost: String,
+    connected_at: SystemTime,
+    throttle: Mutex<Throttle>,
+}
+
+/// Pause and block times of one connection.
+#[derive(Debug, Default)]
+struct Throttle {
+    flow_started_at: Option<Instant>,
+    flow_ended_at: Option<Instant>,
+    time_in_flow: Duration,
+    blocked_at: Option<(Instant, SystemTime)>,
+    time_blocked: Duration,
+}
+
+impl Throttle {
+    fn state(&self, alarms: Alarms, now: Instant) -> ConnectionState {
+        // As in RabbitMQ, an alarm outranks flow: it is the longer-lived reason.
+        if self.blocked_at.is_some() {
+            ConnectionState::Blocked
+        } else if alarms.any() {
+            ConnectionState::Blocking
+        } else if self.flow_started_at.is_some()
+            || self
+                .flow_ended_at
+                .is_some_and(|ended| now.duration_since(ended) < FLOW_STATE_LINGER)
+        {
+            ConnectionState::Flow
+        } else {
+            ConnectionState::Running
+        }
+    }
+
+    fn time_in_flow(&self, now: Instant) -> Duration {
+        self.time_in_flow
+            + self
+                .flow_started_at
+                .map_or(Duration::ZERO, |started| now.duration_since(started))
+    }
+
+    fn time_blocked(&self, now: Instant) -> Duration {
+        self.time_blocked
+            + self
+                .blocked_at
+                .map_or(Duration::ZERO, |(started, _)| now.duration_since(started))
+    }
+}
+
+impl ConnectionRegistry {
+    /// An empty registry that reads whether an alarm is in effect from `alarms`.
+    pub fn new(alarms: watch::Receiver<Alarms>) -> Arc<Self> {
+        Arc::new(ConnectionRegistry {
+            connections: Mutex::new(BTreeMap::new()),
+            alarms,
+        })
+    }
+
+    /// Adds a connection; it stays listed until the returned registration is dropped.
+    pub fn register(
+        self: &Arc<Self>,
+        connection_id: ConnectionId,
+        peer_address: SocketAddr,
+        user: &str,
+        vhost: &str,
+    ) -> Registration {
+        let entry = Arc::new(Entry {
+            peer_address,
+            user: user.to_owned(),
+            vhost: vhost.to_owned(),
+            connected_at: SystemTime::now(),
+            throttle: Mutex::new(Throttle::default()),
+        });
+        lock(&self.connections).insert(connection_id, Arc::clone(&entry));
+        Registration {
+            registry: Arc::clone(self),
+            connection_id,
+            entry,
+        }
+    }
+
+    /// Every open connection, oldest first.
+    pub fn snapshots(&self) -> Vec<ConnectionSnapshot> {
+        let entries: Vec<(ConnectionId, Arc<Entry>)> = lock(&self.connections)
+            .iter()
+            .map(|(id, entry)| (*id, Arc::clone(entry)))
+            .collect();
+        let alarms = *self.alarms.borrow();
+        let now = Instant::now();
+        entries
+            .into_iter()
+            .map(|(connection_id, entry)| {
+                let throttle = lock(&entry.throttle);
+                ConnectionSnapshot {
+                    connection_id,
+                    peer_address: entry.peer_address,
+                    user: entry.user.clone(),
+                    vhost: entry.vhost.clone(),
+                    connected_at: entry.connected_at,
+                    state: throttle.state(alarms, now),
+                    time_in_flow_ms: throttle.time_in_flow(now).as_millis() as u64,
+                    time_blocked_ms: throttle.time_blocked(now).as_millis() as u64,
+                    blocked_since: throttle.blocked_at.map(|(_, since)| since),
+                }
+            })
+            .collect()
+    }
+
+    /// How many connections are open.
+    pub fn len(&self) -> usize {
+        lock(&self.connections).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A connection's place in the registry, through which it reports its pauses.
+pub struct Registration {
+    registry: Arc<ConnectionRegistry>,
+    connection_id: ConnectionId,
+    entry: Arc<Entry>,
+}
+
+impl Registration {
+    /// The connection stopped reading for a congested queue.
+    pub fn flow_started(&self) {
+        let mut throttle = lock(&self.entry.throttle);
+        if throttle.flow_started_at.is_none() {
+            throttle.flow_started_at = Some(Instant::now());
+        }
+    }
+
+    /// The connection reads again after a flow pause.
+    pub fn flow_ended(&self) {
+        let mut throttle = lock(&self.entry.throttle);
+        if let Some(started) = throttle.flow_started_at.take() {
+            let now = Instant::now();
+            throttle.time_in_flow += now.duration_since(started);
+            throttle.flow_ended_at = Some(now);
+        }
+    }
+
+    /// The connection stopped reading for a resource alarm.
+    pub fn blocked(&self) {
+        let mut throttle = lock(&self.entry.throttle);
+        if throttle.blocked_at.is_none() {
+            throttle.blocked_at = Some((Instant::now(), SystemTime::now()));
+        }
+    }
+
+    /// The alarm cleared and the connection reads again.
+    pub fn unblocked(&self) {
+        let mut throttle = lock(&self.entry.throttle);
+        if let Some((started, _)) = throttle.blocked_at.take() {
+            throttle.time_blocked += started.elapsed();
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.registry.connections).remove(&self.connection_id);
+    }
+}
+
+/// A panic elsewhere leaves the times as they were, which are still worth reading.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> (watch::Sender<Alarms>, Arc<ConnectionRegistry>) {
+        let (sender, alarms) = watch::channel(Alarms::default());
+        (sender, ConnectionRegistry::new(alarms))
+    }
+
+    fn only(registry: &ConnectionRegistry) -> ConnectionSnapshot {
+        let mut snapshots = registry.snapshots();
+        assert_eq!(snapshots.len(), 1);
+        snapshots.remove(0)
+    }
+
+    const PEER: &str = "127.0.0.1:50000";
+
+    #[test]
+    fn connection_registry_lists_until_dropped() {
+        let (_alarms, registry) = registry();
+        let first = registry.register(7, PEER.parse().unwrap(), "guest", "/");
+        let second = registry.register(9, "10.0.0.1:1".parse().unwrap(), "ops", "prod");
+        let snapshots = registry.snapshots();
+        assert_eq!(
+            snapshots
+                .iter()
+                .map(|snapshot| (snapshot.connection_id, snapshot.user.as_str()))
+                .collect::<Vec<_>>(),
+            [(7, "guest"), (9, "ops")]
+        );
+        assert_eq!(snapshots[1].vhost, "prod");
+        assert_eq!(snapshots[0].state, ConnectionState::Running);
+        assert_eq!(snapshots[0].blocked_since, None);
+        drop(first);
+        assert_eq!(only(&registry).connection_id, 9);
+        drop(second);
+        assert!(registry.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connection_registry_flow_time_and_linger() {
+        let (_alarms, registry) = registry();
+        let registration = registry.register(1, PEER.parse().unwrap(), "guest", "/");
+        registration.flow_started();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let snapshot = only(&registry);
+        assert_eq!(snapshot.state, ConnectionState::Flow);
+        assert_eq!(snapshot.time_in_flow_ms, 300, "the current pause counts");
+        registration.flow_ended();
+        registration.flow_started();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        registration.flow_ended();
+        tokio::time::sleep(FLOW_STATE_LINGER - Duration::from_millis(1)).await;
+        let snapshot = only(&registry);
+        assert_eq!(snapshot.state, ConnectionState::Flow, "shown for a while");
+        assert_eq!(snapshot.time_in_flow_ms, 500);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(only(&registry).state, ConnectionState::Running);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connection_registry_blocking_then_blocked() {
+        let (alarms, registry) = registry();
+        let registration = registry.register(1, PEER.parse().unwrap(), "guest", "/");
+        registration.flow_started();
+        alarms.send_replace(Alarms {
+            memory: true,
+            disk: false,
+        });
+        assert_eq!(
+            only(&registry).state,
+            ConnectionState::Blocking,
+            "an alarm outranks flow"
+        );
+        registration.flow_ended();
+        registration.blocked();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let snapshot = only(&registry);
+        assert_eq!(snapshot.state, ConnectionState::Blocked);
+        assert!(snapshot.blocked_since.is_some());
+        assert_eq!(snapshot.time_blocked_ms, 2000);
+        alarms.send_replace(Alarms::default());
+        registration.unblocked();
+        tokio::time::sleep(FLOW_STATE_LINGER).await;
+        let snapshot = only(&registry);
+        assert_eq!(snapshot.state, ConnectionState::Running);
+        assert_eq!(snapshot.time_blocked_ms, 2000);
+        assert_eq!(snapshot.blocked_since, None);
+        assert_eq!(ConnectionState::Blocking.to_string(), "blocking");
+    }
+}
