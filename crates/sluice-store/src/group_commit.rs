@@ -51,6 +51,8 @@ struct Pending {
     /// Something buffered must be fsynced (not only records that can be
     /// lost in a crash without harm).
     needs_sync: bool,
+    /// Appends that need the disk since the last round took the buffer.
+    durable_appends: u64,
 }
 
 /// The write side of one [`SegmentLog`]: a buffer of appends waiting for the
@@ -98,6 +100,7 @@ impl LogBuffer {
                 head_size,
                 next_sequence: 1,
                 needs_sync: false,
+                durable_appends: 0,
                 failed: false,
                 destroyed: false,
             }),
@@ -140,10 +143,11 @@ impl LogBuffer {
         needs_sync: bool,
     ) -> Option<(Location, Sequence)> {
         let mut pending = lock(&self.pending);
-        pending.needs_sync |= needs_sync;
         if pending.failed || pending.destroyed {
             return None;
         }
+        pending.needs_sync |= needs_sync;
+        pending.durable_appends += u64::from(needs_sync);
         let length =
             RECORD_HEADER_SIZE + 1 + payload_parts.iter().map(|part| part.len()).sum::<usize>();
         if pending.head_size > 0 && pending.head_size + length as u64 > self.segment_size_max {
@@ -355,9 +359,10 @@ impl LogBuffer {
     }
 
     /// One sync round for this log: write what is buffered, fdatasync each
-    /// segment written, then advance the synced sequence.
-    fn write_and_sync(&self) -> Result<(), StoreError> {
-        let (chunks, last_sequence, needs_sync) = {
+    /// segment written, then advance the synced sequence. Counts its
+    /// fsyncs and the durable appends they covered into `stats`.
+    fn write_and_sync(&self, stats: &SyncStats) -> Result<(), StoreError> {
+        let (chunks, last_sequence, needs_sync, durable_appends) = {
             let mut pending = lock(&self.pending);
             if pending.destroyed {
                 return Ok(());
@@ -371,6 +376,7 @@ impl LogBuffer {
                 chunks,
                 pending.next_sequence - 1,
                 std::mem::take(&mut pending.needs_sync),
+                std::mem::take(&mut pending.durable_appends),
             )
         };
         let mut log = lock(&self.log);
@@ -391,9 +397,15 @@ impl LogBuffer {
         // the sequence still advances: all earlier durable appends were
         // synced by earlier rounds.
         if needs_sync {
-            for segment in written_segments {
-                log.sync(segment)?;
+            for segment in &written_segments {
+                log.sync(*segment)?;
             }
+            stats
+                .fsyncs
+                .fetch_add(written_segments.len() as u64, Ordering::Relaxed);
+            stats
+                .durable_appends
+                .fetch_add(durable_appends, Ordering::Relaxed);
         }
         drop(log);
         self.synced_sequence.store(last_sequence, Ordering::Release);
@@ -409,8 +421,17 @@ impl LogBuffer {
     }
 }
 
+/// What the sync thread has done since it started: how well group commit
+/// batches is `durable_appends / fsyncs`.
+#[derive(Default)]
+pub struct SyncStats {
+    pub fsyncs: AtomicU64,
+    pub durable_appends: AtomicU64,
+}
+
 /// The node's sync thread and the set of logs with unwritten appends.
 pub struct GroupCommit {
+    pub stats: SyncStats,
     dirty: Mutex<Vec<Arc<LogBuffer>>>,
     wake: Condvar,
     stop: AtomicBool,
@@ -435,6 +456,7 @@ impl GroupCommit {
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
         let group = Arc::new(GroupCommit {
+            stats: SyncStats::default(),
             sync_interval,
             dirty: Mutex::new(Vec::new()),
             wake: Condvar::new(),
@@ -483,7 +505,7 @@ impl GroupCommit {
             round_started = Instant::now();
             let mut failed = Vec::new();
             for log in &logs {
-                if let Err(error) = log.write_and_sync() {
+                if let Err(error) = log.write_and_sync(&self.stats) {
                     tracing::error!(%error, "a log failed to write; its unconfirmed messages will be nacked");
                     log.mark_failed();
                     failed.push(Arc::clone(log));
@@ -501,6 +523,14 @@ impl GroupCommit {
         self.wake.notify_all();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
+            let fsyncs = self.stats.fsyncs.load(Ordering::Relaxed);
+            let durable_appends = self.stats.durable_appends.load(Ordering::Relaxed);
+            tracing::info!(
+                fsyncs,
+                durable_appends,
+                appends_per_fsync = durable_appends as f64 / fsyncs.max(1) as f64,
+                "group commit totals"
+            );
         }
     }
 }
@@ -544,6 +574,10 @@ mod tests {
         );
         // 20 records of 49 bytes with 256-byte segments roll over several times.
         assert!(locations.last().unwrap().segment > 1);
+        // Every append needed the disk, and every fsync covered at least one.
+        let fsyncs = group.stats.fsyncs.load(Ordering::Relaxed);
+        assert!(fsyncs >= 1);
+        assert_eq!(group.stats.durable_appends.load(Ordering::Relaxed), 20);
         group.stop();
         drop(buffer);
         let (_, records) = SegmentLog::recover_all(&dir).unwrap();
