@@ -22,7 +22,6 @@
 //! them to the head of the log, and the run goes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -54,28 +53,6 @@ const ACKS_PER_RECORD_MAX: usize = 64 * 1024;
 /// drained in order never qualifies: past its oldest segment, everything is
 /// live.
 pub const COMPACTION_RUN_SEGMENTS_MIN: u64 = 4;
-
-/// Hashes queue offsets for recovery's map of live messages: offsets are
-/// dense integers, and a multiply spreads them over the table for a
-/// fraction of SipHash's cost (recovery inserts one per message).
-#[derive(Default)]
-struct OffsetHasher(u64);
-
-impl Hasher for OffsetHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// A persistent message is durable once its log has synced past this.
 #[derive(Clone)]
@@ -224,6 +201,44 @@ pub fn read_message(log: &LogBuffer, location: Location) -> Result<Message, Stor
         .ok_or_else(|| invalid_record("the message record does not decode"))
 }
 
+/// The messages written and never acked, in offset order: each native
+/// record, replaced by its moved copy when compaction made one, plus moved
+/// copies whose original segment is gone; minus every acked offset. All
+/// three inputs are sorted by offset, and `native` is filtered in place.
+fn live_messages(
+    mut native: Vec<PagedMessage>,
+    moved: &[PagedMessage],
+    acked: &[u64],
+) -> Vec<PagedMessage> {
+    let is_acked = {
+        let mut acked = acked.iter().peekable();
+        move |offset: u64| {
+            while acked.next_if(|acked| **acked < offset).is_some() {}
+            acked.peek().is_some_and(|acked| **acked == offset)
+        }
+    };
+    if moved.is_empty() {
+        let mut is_acked = is_acked;
+        native.retain(|message| !is_acked(message.offset));
+        return native;
+    }
+    let mut merged = Vec::with_capacity(native.len() + moved.len());
+    let mut moved = moved.iter().peekable();
+    for message in native {
+        while let Some(copy) = moved.next_if(|copy| copy.offset < message.offset) {
+            merged.push(*copy);
+        }
+        match moved.next_if(|copy| copy.offset == message.offset) {
+            Some(copy) => merged.push(*copy),
+            None => merged.push(message),
+        }
+    }
+    merged.extend(moved.copied());
+    let mut is_acked = is_acked;
+    merged.retain(|message| !is_acked(message.offset));
+    merged
+}
+
 impl QueueJournal {
     fn new(log: Arc<LogBuffer>, group: Arc<GroupCommit>, durable: bool) -> Self {
         QueueJournal {
@@ -244,11 +259,13 @@ impl QueueJournal {
         group: Arc<GroupCommit>,
         settings: &StoreSettings,
     ) -> Result<RecoveredQueue, StoreError> {
-        struct Live {
-            message: PagedMessage,
-            moved: bool,
-        }
-        let mut live: HashMap<u64, Live, BuildHasherDefault<OffsetHasher>> = HashMap::default();
+        // Every message record in log order and every acked offset; live is
+        // "written and never acked", decided once at the end by sorting. Kept
+        // as flat vectors, not a map: 24 bytes a message, and a sorted log
+        // sorts in linear time.
+        let mut native: Vec<PagedMessage> = Vec::new();
+        let mut moved: Vec<PagedMessage> = Vec::new();
+        let mut acked: Vec<u64> = Vec::new();
         let mut records_by_segment: BTreeMap<u64, u64> = BTreeMap::new();
         let mut next_offset = 0;
         let mut corrupt = 0usize;
@@ -263,26 +280,23 @@ impl QueueJournal {
                     };
                     next_offset = u64::max(next_offset, offset + 1);
                     *records_by_segment.entry(found.segment).or_insert(0) += 1;
-                    if matches!(kind, KIND_MESSAGE | KIND_MOVED) {
-                        let location = Location {
-                            segment: found.segment,
-                            position: found.position,
-                            length: (RECORD_HEADER_SIZE + 1 + payload.len()) as u32,
-                        };
-                        // A moved copy replaces the original it was made from.
-                        live.insert(
-                            offset,
-                            Live {
-                                message: PagedMessage::new(offset, location, body_size, true),
-                                moved: kind == KIND_MOVED,
-                            },
-                        );
+                    let location = Location {
+                        segment: found.segment,
+                        position: found.position,
+                        length: (RECORD_HEADER_SIZE + 1 + payload.len()) as u32,
+                    };
+                    let message = PagedMessage::new(offset, location, body_size, true);
+                    match kind {
+                        KIND_MESSAGE => native.push(message),
+                        KIND_MOVED => moved.push(message),
+                        // Paged transient messages do not outlive the process.
+                        _ => {}
                     }
                 }
                 KIND_ACKS => {
                     let mut offsets = payload;
                     while offsets.len() >= 8 {
-                        live.remove(&offsets.get_u64());
+                        acked.push(offsets.get_u64());
                     }
                 }
                 _ => corrupt += 1,
@@ -291,16 +305,26 @@ impl QueueJournal {
         if corrupt > 0 {
             tracing::warn!(dir = %dir.display(), corrupt, "skipped journal records that do not decode");
         }
+        native.sort_unstable_by_key(|message| message.offset);
+        // A message moved twice has two copies; the later one is current.
+        moved.sort_by_key(|message| message.offset);
+        moved.dedup_by(|later, earlier| {
+            let same = later.offset == earlier.offset;
+            if same {
+                *earlier = *later;
+            }
+            same
+        });
+        acked.sort_unstable();
+        acked.dedup();
+        let messages = live_messages(native, &moved, &acked);
         let log = LogBuffer::new(log, settings.segment_size_bytes);
         let mut journal = QueueJournal::new(log, group, true);
-        let mut messages: Vec<(PagedMessage, bool)> = live
-            .into_values()
-            .map(|live| (live.message, live.moved))
-            .collect();
-        messages.sort_unstable_by_key(|(message, _)| message.offset);
-        for (message, moved) in &messages {
+        let mut moved = moved.iter().peekable();
+        for message in &messages {
             let segment = journal.liveness.entry(message.segment()).or_default();
-            if *moved {
+            while moved.next_if(|copy| copy.offset < message.offset).is_some() {}
+            if moved.next_if(|copy| copy == &message).is_some() {
                 segment.add_moved_in();
                 journal.relocated.insert(message.offset, message.location());
             } else {
@@ -315,7 +339,7 @@ impl QueueJournal {
         journal.reclaim(true);
         Ok(RecoveredQueue {
             journal,
-            messages: messages.into_iter().map(|(message, _)| message).collect(),
+            messages,
             next_offset,
         })
     }
