@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant as StdInstant;
+use std::time::{Duration, Instant as StdInstant};
 
 use futures_lite::future;
 use lapin::options::BasicPublishOptions;
@@ -173,6 +173,20 @@ impl Publisher {
             self.stats.on_published();
             pending.push_back((sent_at, publish));
         }
+        // After the last of a message limit, the outstanding publishes and
+        // confirms still belong to the run: wait for them (bounded) so the
+        // counts are complete and the connection closes with nothing in flight.
+        let deadline = tokio::time::Instant::now() + FINAL_CONFIRMS_WAIT_MAX;
+        while !pending.is_empty() && !*stop.borrow() {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep_until(deadline) => break,
+                confirmation = next_confirm(&mut pending) => {
+                    self.settle(confirmation, &mut window);
+                }
+            }
+        }
         Ok(self)
     }
 
@@ -224,6 +238,10 @@ impl Publisher {
             .on_confirm(acked, sent_at.elapsed().as_micros() as u64);
     }
 }
+
+/// How long a producer that reached its message limit waits for its last
+/// confirms before it stops.
+const FINAL_CONFIRMS_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// Waits for the oldest outstanding confirm. Cancel-safe: the confirm stays queued until it
 /// resolves.
