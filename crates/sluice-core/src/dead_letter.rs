@@ -7,6 +7,11 @@
 //! A queue collects what it dead-letters under its lock and hands it to
 //! [`crate::vhost::VirtualHost::dead_letter`] after releasing it: routing
 //! publishes into other queues, possibly the same one.
+//!
+//! Field tables are encoded with their keys sorted (amq-protocol keeps them
+//! in a `BTreeMap`). RabbitMQ sorts a merged x-death entry too, but writes
+//! a new one as `count, reason, queue, time, exchange, routing-keys`;
+//! clients read tables by key, so only the byte order differs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
