@@ -105,7 +105,7 @@ impl Broker {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| {
             let policies = self.policies.get(name).cloned().unwrap_or_default();
-            Arc::new(VirtualHost::with_store(name, self.store.clone(), policies))
+            VirtualHost::with_store(name, self.store.clone(), policies)
         }))
     }
 

@@ -12,6 +12,9 @@
 //! - [`segment_liveness`]: which messages of a journal segment are still live.
 //! - [`definitions_import`]: RabbitMQ's definitions JSON, loaded at start.
 //! - [`queue_limits`]: x-max-length, x-max-length-bytes and x-overflow.
+//! - [`expiry`]: message TTL and queue expiry settings, and their clock.
+//! - [`queue_timer`]: the thread that wakes queues at their deadlines.
+//! - [`dead_letter`]: dead-lettered copies, their x-death history, cycles.
 //! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
 //! - [`arguments`]: declaration arguments: validation, equivalence, printing.
@@ -22,10 +25,12 @@
 pub mod arguments;
 pub mod broker;
 pub mod consumer;
+pub mod dead_letter;
 pub mod definitions;
 pub mod definitions_import;
 pub mod error;
 pub mod exchange;
+pub mod expiry;
 pub mod message;
 pub mod pager;
 pub mod paging;
@@ -33,6 +38,7 @@ pub mod policy;
 pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;
+pub mod queue_timer;
 pub mod reply_to;
 pub mod segment_liveness;
 pub mod vhost;

@@ -9,17 +9,21 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use amq_protocol::types::FieldTable;
 
 use crate::consumer::{ConnectionId, Consumer};
+use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
 use crate::error::{AmqpError, AmqpResult};
+use crate::expiry::{now_us, QueueExpiry, NEVER};
 use crate::message::Message;
 use crate::pager::QueueStorage;
 use crate::paging::PagedMessage;
 use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
+use crate::queue_timer::QueueTimer;
+use crate::vhost::VirtualHost;
 use sluice_store::group_commit::Location;
 
 /// Paged references a drained queue keeps room for (24 bytes each).
@@ -38,6 +42,10 @@ pub struct QueuedMessage {
     pub redelivered: bool,
     /// The journal segment holding this message, when it is persisted.
     pub segment: Option<u64>,
+    /// When it expires ([`crate::expiry::now_us`]'s clock), [`NEVER`] for
+    /// most messages. Travels with a delivery, so a requeued message keeps
+    /// its original expiry.
+    pub expires_at_us: u64,
 }
 
 /// What a queue was declared with; compared on redeclaration.
@@ -95,6 +103,13 @@ pub struct Queue {
     congested: AtomicBool,
     /// Woken when the queue stops being congested.
     uncongested: tokio::sync::Notify,
+    /// `x-message-ttl` and `x-expires`, from the effective arguments.
+    pub expiry: QueueExpiry,
+    /// `x-dead-letter-exchange` and `x-dead-letter-routing-key`.
+    pub dead_letter: Option<DeadLetterTarget>,
+    /// The vhost, for dead-lettering and for deleting the queue when it
+    /// expires; weak, as the vhost holds its queues.
+    pub virtual_host: Weak<VirtualHost>,
 }
 
 #[derive(Default)]
@@ -127,6 +142,26 @@ struct QueueState {
     /// The backlog's lowest point (messages, bytes) since consumers came:
     /// flow control measures growth from here.
     flow_floor: (u64, u64),
+    /// Deadlines of the paged messages, one for each entry of `paged`, or
+    /// empty while no paged message has one. Kept beside `paged` rather
+    /// than in [`PagedMessage`], so a queue without TTL pays nothing for
+    /// them, and the head's deadline is known without reading its body.
+    paged_deadlines: VecDeque<u64>,
+    /// Some ready message may have a deadline: the head is checked before
+    /// it is delivered. Always set in a queue with a message TTL; in any
+    /// other, from the first message with an expiration until it empties.
+    deadlines: bool,
+    /// The message being published: its TTL starts once it was offered to
+    /// the consumers waiting, so a TTL of 0 still reaches one that waits.
+    publishing: Option<u64>,
+    /// The queue timer's earliest pending wake-up for this queue; 0 when
+    /// none is pending.
+    timer_at_us: u64,
+    /// For `x-expires`: when the queue was last used (created, redeclared,
+    /// read with basic.get, or left by its last consumer).
+    used_at_us: u64,
+    /// Messages to dead-letter once the lock is released.
+    dead_letters: Vec<DeadLetter>,
 }
 
 impl QueueState {
@@ -142,6 +177,38 @@ impl QueueState {
             self.flow_floor.0.min(backlog),
             self.flow_floor.1.min(self.ready_bytes),
         );
+    }
+
+    /// Appends a paged reference, with its deadline when it has one.
+    fn push_paged(&mut self, paged: PagedMessage, expires_at_us: u64) {
+        self.paged.push_back(paged);
+        if expires_at_us != NEVER || !self.paged_deadlines.is_empty() {
+            // The messages paged before this one had no deadline.
+            let missing = self.paged.len() - 1 - self.paged_deadlines.len();
+            self.paged_deadlines
+                .extend(std::iter::repeat_n(NEVER, missing));
+            self.paged_deadlines.push_back(expires_at_us);
+        }
+    }
+
+    /// Takes the oldest paged reference and its deadline.
+    fn pop_paged(&mut self) -> Option<(PagedMessage, u64)> {
+        let paged = self.paged.pop_front()?;
+        let expires_at_us = self.paged_deadlines.pop_front().unwrap_or(NEVER);
+        Some((paged, expires_at_us))
+    }
+
+    /// The deadline of the oldest paged message.
+    fn paged_head_deadline(&self) -> u64 {
+        self.paged_deadlines.front().copied().unwrap_or(NEVER)
+    }
+
+    /// The deadline of the head of the queue.
+    fn head_deadline(&self) -> u64 {
+        match self.ready.front() {
+            Some(head) => head.expires_at_us,
+            None => self.paged_head_deadline(),
+        }
     }
 
     fn take_resident(&mut self) -> Option<QueuedMessage> {
@@ -204,6 +271,161 @@ impl Queue {
             deleted: AtomicBool::new(false),
             congested: AtomicBool::new(false),
             uncongested: tokio::sync::Notify::new(),
+            expiry: QueueExpiry::default(),
+            dead_letter: None,
+            virtual_host: Weak::new(),
+        }
+    }
+
+    /// Starts what the queue does with time, once it is shared: the
+    /// `x-expires` countdown, and the TTL of recovered messages. Their
+    /// enqueue time was not saved, so their TTL counts from recovery: late,
+    /// never early.
+    pub fn start_timers(self: &Arc<Self>) {
+        let mut state = self.lock();
+        let now = now_us();
+        state.used_at_us = now;
+        if let Some(ttl) = self.expiry.message_ttl_us {
+            state.deadlines = true;
+            if !state.paged.is_empty() && state.paged_deadlines.is_empty() {
+                let deadline = now.saturating_add(ttl).min(NEVER - 1);
+                let count = state.paged.len();
+                state.paged_deadlines = std::iter::repeat_n(deadline, count).collect();
+                self.schedule_timer(&mut state, deadline);
+            }
+        }
+        if let Some(expires) = self.expiry.expires_us {
+            self.schedule_timer(&mut state, now.saturating_add(expires));
+        }
+    }
+
+    /// Asks the queue timer to call [`Queue::run_timer`] at `at_us`, unless
+    /// an earlier call is pending already: a later one would find the head
+    /// changed anyway, and reschedules then.
+    fn schedule_timer(self: &Arc<Self>, state: &mut QueueState, at_us: u64) {
+        if at_us == NEVER || self.is_deleted() {
+            return;
+        }
+        if state.timer_at_us != 0 && state.timer_at_us <= at_us {
+            return;
+        }
+        state.timer_at_us = at_us;
+        QueueTimer::schedule(Arc::downgrade(self), at_us);
+    }
+
+    /// The queue timer's call: expires what is due at the head and deletes
+    /// the queue when it has gone unused for its `x-expires`.
+    pub(crate) fn run_timer(self: &Arc<Self>, at_us: u64) {
+        let mut state = self.lock();
+        if state.timer_at_us != 0 && state.timer_at_us <= at_us {
+            state.timer_at_us = 0;
+        }
+        if self.is_deleted() {
+            return;
+        }
+        if state.deadlines {
+            self.dispatch_locked(&mut state);
+            self.update_congestion(&mut state);
+        }
+        let mut expired = false;
+        if let Some(expires) = self.expiry.expires_us {
+            if state.consumers.is_empty() {
+                let due = state.used_at_us.saturating_add(expires);
+                if due <= now_us() {
+                    expired = true;
+                } else {
+                    self.schedule_timer(&mut state, due);
+                }
+            }
+        }
+        self.unlock(state);
+        if expired {
+            if let Some(vhost) = self.virtual_host.upgrade() {
+                vhost.expire_queue(self);
+            }
+        }
+    }
+
+    /// Whether the queue went unused for its `x-expires`: no consumers,
+    /// and no basic.get or redeclaration for that long.
+    pub fn is_unused_for_expiry(&self) -> bool {
+        let Some(expires) = self.expiry.expires_us else {
+            return false;
+        };
+        let state = self.lock();
+        state.consumers.is_empty() && state.used_at_us.saturating_add(expires) <= now_us()
+    }
+
+    /// The queue was used (redeclared, or read with basic.get): its
+    /// `x-expires` countdown starts again.
+    pub fn touch(&self) {
+        if self.expiry.expires_us.is_some() {
+            self.lock().used_at_us = now_us();
+        }
+    }
+
+    /// Releases the lock, then dead-letters what was collected under it:
+    /// publishing into another queue (or this one) must not happen with
+    /// this queue's lock held.
+    fn unlock(self: &Arc<Self>, mut state: MutexGuard<'_, QueueState>) {
+        if state.dead_letters.is_empty() {
+            return;
+        }
+        let dead_letters = std::mem::take(&mut state.dead_letters);
+        drop(state);
+        self.send_dead_letters(dead_letters);
+    }
+
+    fn send_dead_letters(&self, dead_letters: Vec<DeadLetter>) {
+        let (Some(target), Some(vhost)) = (self.dead_letter.as_ref(), self.virtual_host.upgrade())
+        else {
+            return;
+        };
+        vhost.dead_letter(&self.name, target, dead_letters);
+    }
+
+    /// Removes the expired messages at the head, and only there: a message
+    /// deeper in the queue waits until it reaches the head, as in
+    /// RabbitMQ, so this never scans the queue. Bounded by the queue's
+    /// length, as RabbitMQ's `drop_expired_msgs`. A paged head is dropped
+    /// without reading it, unless it is to be dead-lettered.
+    fn expire_head(&self, state: &mut QueueState) {
+        let now = now_us();
+        loop {
+            if let Some(head) = state.ready.front() {
+                if head.expires_at_us > now || state.publishing == Some(head.offset) {
+                    break;
+                }
+                let Some(entry) = state.take_resident() else {
+                    break;
+                };
+                state.forget([&entry]);
+                if self.dead_letter.is_some() {
+                    state.dead_letters.push(DeadLetter {
+                        message: entry.message,
+                        reason: DeathReason::Expired,
+                    });
+                }
+            } else if state.paged_head_deadline() <= now {
+                let Some((paged, _)) = state.pop_paged() else {
+                    break;
+                };
+                state.ready_bytes -= paged.body_size as u64;
+                if self.dead_letter.is_some() {
+                    if let Some(message) = self.read_paged(state, &paged) {
+                        state.dead_letters.push(DeadLetter {
+                            message: Arc::new(message),
+                            reason: DeathReason::Expired,
+                        });
+                    }
+                }
+                state.forget_paged([&paged]);
+            } else {
+                break;
+            }
+        }
+        if state.ready_count() == 0 && !self.expiry.has_message_ttl() {
+            state.deadlines = false;
         }
     }
 
@@ -363,11 +585,32 @@ impl Queue {
             let length_after = state.ready_count() as u64 + 1;
             let bytes_after = state.ready_bytes + body_size;
             if self.limits.exceeded(length_after, bytes_after) {
+                if self.limits.overflow == Overflow::RejectPublishDlx && self.dead_letter.is_some()
+                {
+                    drop(state);
+                    self.send_dead_letters(vec![DeadLetter {
+                        message,
+                        reason: DeathReason::Maxlen,
+                    }]);
+                }
                 return PublishOutcome::Rejected;
             }
         }
         let offset = state.next_offset;
         state.next_offset += 1;
+        // One branch for a queue without TTL and a message without
+        // expiration; the clock is read only past it.
+        let expires_at_us =
+            if self.expiry.has_message_ttl() || message.properties.expiration().is_some() {
+                let deadline = self.expiry.deadline_of(&message, now_us());
+                if deadline != NEVER {
+                    state.deadlines = true;
+                    state.publishing = Some(offset);
+                }
+                deadline
+            } else {
+                NEVER
+            };
         let mut durability = None;
         let mut written_at = None;
         if message.properties.is_persistent() {
@@ -391,7 +634,7 @@ impl Queue {
             .page_out_location(&mut state, offset, &message, written_at)
             .map(|location| PagedMessage::new(offset, location, message.body_size(), false));
         match paged {
-            Some(paged) => state.paged.push_back(paged),
+            Some(paged) => state.push_paged(paged, expires_at_us),
             None => {
                 state.resident_bytes += body_size;
                 state.ready.push_back(QueuedMessage {
@@ -399,6 +642,7 @@ impl Queue {
                     message,
                     redelivered: false,
                     segment: written_at.map(|location| location.segment),
+                    expires_at_us,
                 });
                 self.dispatch_locked(&mut state);
             }
@@ -406,7 +650,15 @@ impl Queue {
         if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
+        if state.deadlines {
+            // Offered to the waiting consumers: from here its TTL applies.
+            state.publishing = None;
+            self.expire_head(&mut state);
+            let head_deadline = state.head_deadline();
+            self.schedule_timer(&mut state, head_deadline);
+        }
         self.update_congestion(&mut state);
+        self.unlock(state);
         PublishOutcome::Enqueued(durability)
     }
 
@@ -446,7 +698,9 @@ impl Queue {
         state.journal.as_mut()?.append_paged(offset, message)
     }
 
-    /// Drops the oldest ready messages until the queue is within its limits.
+    /// Drops the oldest ready messages until the queue is within its
+    /// limits, dead-lettering them (reason `maxlen`) when the queue has a
+    /// dead-letter exchange.
     fn drop_head_over_limits(&self, state: &mut QueueState) {
         while self
             .limits
@@ -454,8 +708,22 @@ impl Queue {
         {
             if let Some(dropped) = state.take_resident() {
                 state.forget([&dropped]);
-            } else if let Some(dropped) = state.paged.pop_front() {
+                if self.dead_letter.is_some() {
+                    state.dead_letters.push(DeadLetter {
+                        message: dropped.message,
+                        reason: DeathReason::Maxlen,
+                    });
+                }
+            } else if let Some((dropped, _)) = state.pop_paged() {
                 state.ready_bytes -= dropped.body_size as u64;
+                if self.dead_letter.is_some() {
+                    if let Some(message) = self.read_paged(state, &dropped) {
+                        state.dead_letters.push(DeadLetter {
+                            message: Arc::new(message),
+                            reason: DeathReason::Maxlen,
+                        });
+                    }
+                }
                 state.forget_paged([&dropped]);
             } else {
                 break;
@@ -468,14 +736,11 @@ impl Queue {
     pub fn dispatch(self: &Arc<Self>) {
         let mut state = self.lock();
         self.dispatch_locked(&mut state);
+        self.unlock(state);
     }
 
     fn dispatch_locked(self: &Arc<Self>, state: &mut QueueState) {
-        while !state.ready.is_empty() && !state.consumers.is_empty() {
-            if !self.deliver_one(state) {
-                break;
-            }
-        }
+        self.deliver_ready(state);
         if !state.paged.is_empty() {
             self.read_ahead_if_low(state);
         }
@@ -505,6 +770,25 @@ impl Queue {
         if let Some(storage) = self.storage.as_ref() {
             state.pager_requested = true;
             storage.pager.request(Arc::clone(self));
+        }
+    }
+
+    /// Delivers from the head while consumers take messages. Expired heads
+    /// go first, so no consumer receives a message past its deadline; a
+    /// queue without deadlines pays one branch per message for that.
+    fn deliver_ready(self: &Arc<Self>, state: &mut QueueState) {
+        let deadlines = state.deadlines;
+        loop {
+            if deadlines {
+                self.expire_head(state);
+            }
+            if state.ready.is_empty() || state.consumers.is_empty() || !self.deliver_one(state) {
+                break;
+            }
+        }
+        if deadlines {
+            let head_deadline = state.head_deadline();
+            self.schedule_timer(state, head_deadline);
         }
     }
 
@@ -563,23 +847,36 @@ impl Queue {
     /// and it is not the path that throughput depends on.
     pub fn get(self: &Arc<Self>, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let mut state = self.lock();
+        if self.expiry.expires_us.is_some() {
+            state.used_at_us = now_us();
+        }
+        if state.deadlines {
+            self.expire_head(&mut state);
+        }
         let entry = loop {
             if let Some(entry) = state.take_resident() {
-                break entry;
+                break Some(entry);
             }
-            let paged = state.paged.pop_front()?;
+            let Some((paged, expires_at_us)) = state.pop_paged() else {
+                break None;
+            };
             state.ready_bytes -= paged.body_size as u64;
             match self.read_paged(&state, &paged) {
                 Some(message) => {
-                    break QueuedMessage {
+                    break Some(QueuedMessage {
                         offset: paged.offset,
                         message: Arc::new(message),
                         redelivered: paged.redelivered(),
                         segment: Some(paged.segment()),
-                    }
+                        expires_at_us,
+                    })
                 }
                 None => state.forget_paged([&paged]),
             }
+        };
+        let Some(entry) = entry else {
+            self.unlock(state);
+            return None;
         };
         if !no_ack {
             state.unacked += 1;
@@ -591,6 +888,11 @@ impl Queue {
         if self.is_congested() {
             self.update_congestion(&mut state);
         }
+        if state.deadlines {
+            let head_deadline = state.head_deadline();
+            self.schedule_timer(&mut state, head_deadline);
+        }
+        self.unlock(state);
         Some((entry, remaining))
     }
 
@@ -682,7 +984,7 @@ impl Queue {
                     Some(front) if front.offset == paged.offset => {}
                     _ => continue,
                 }
-                state.paged.pop_front();
+                let expires_at_us = state.pop_paged().map_or(NEVER, |(_, deadline)| deadline);
                 match message {
                     Ok(message) => {
                         state.resident_bytes += paged.body_size as u64;
@@ -691,6 +993,7 @@ impl Queue {
                             message: Arc::new(message),
                             redelivered: paged.redelivered(),
                             segment: Some(paged.segment()),
+                            expires_at_us,
                         });
                     }
                     Err(error) => {
@@ -708,11 +1011,8 @@ impl Queue {
                 let keep = (2 * state.paged.len()).max(PAGED_CAPACITY_KEPT);
                 state.paged.shrink_to(keep);
             }
-            while !state.ready.is_empty() && !state.consumers.is_empty() {
-                if !self.deliver_one(&mut state) {
-                    break;
-                }
-            }
+            self.deliver_ready(&mut state);
+            self.unlock(state);
         }
     }
 
@@ -778,9 +1078,37 @@ impl Queue {
     /// ack freed prefetch room, so this also delivers what it can: one lock
     /// for both.
     pub fn settle<'a>(self: &Arc<Self>, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
+        self.settle_with(messages, None);
+    }
+
+    /// Consumers rejected these messages without requeue (basic.reject,
+    /// basic.nack): settled, and dead-lettered with reason `rejected` when
+    /// the queue has a dead-letter exchange.
+    pub fn reject<'a>(self: &Arc<Self>, messages: impl IntoIterator<Item = &'a QueuedMessage>) {
+        self.settle_with(messages, Some(DeathReason::Rejected));
+    }
+
+    fn settle_with<'a>(
+        self: &Arc<Self>,
+        messages: impl IntoIterator<Item = &'a QueuedMessage>,
+        dead: Option<DeathReason>,
+    ) {
         let mut state = self.lock();
         let mut count = 0;
-        state.forget(messages.into_iter().inspect(|_| count += 1));
+        match dead.filter(|_| self.dead_letter.is_some()) {
+            None => state.forget(messages.into_iter().inspect(|_| count += 1)),
+            Some(reason) => {
+                let mut dead_letters = std::mem::take(&mut state.dead_letters);
+                state.forget(messages.into_iter().inspect(|entry| {
+                    count += 1;
+                    dead_letters.push(DeadLetter {
+                        message: Arc::clone(&entry.message),
+                        reason,
+                    });
+                }));
+                state.dead_letters = dead_letters;
+            }
+        }
         state.unacked = state.unacked.saturating_sub(count);
         self.dispatch_locked(&mut state);
         let wants_compaction = state
@@ -790,6 +1118,7 @@ impl Queue {
         if wants_compaction {
             self.request_pager(&mut state);
         }
+        self.unlock(state);
     }
 
     /// Puts messages back at their original positions, marked redelivered,
@@ -802,6 +1131,10 @@ impl Queue {
                 continue;
             }
             entry.redelivered = true;
+            if entry.expires_at_us != NEVER {
+                // It keeps the deadline it was published with.
+                state.deadlines = true;
+            }
             let body_size = entry.message.body_size() as u64;
             state.ready_bytes += body_size;
             state.resident_bytes += body_size;
@@ -813,6 +1146,7 @@ impl Queue {
             state.ready.insert(position, entry);
         }
         self.dispatch_locked(&mut state);
+        self.unlock(state);
     }
 
     pub fn add_consumer(self: &Arc<Self>, consumer: Arc<Consumer>) -> AmqpResult<()> {
@@ -859,6 +1193,14 @@ impl Queue {
         })?;
         let consumer = state.consumers.remove(index);
         self.update_congestion(&mut state);
+        if let Some(expires) = self.expiry.expires_us {
+            if state.consumers.is_empty() {
+                // Unused from now: x-expires counts from the last consumer.
+                state.used_at_us = now_us();
+                let due = state.used_at_us.saturating_add(expires);
+                self.schedule_timer(&mut state, due);
+            }
+        }
         let queue_now_unused = self.options.auto_delete
             && state.had_consumer
             && state.consumers.is_empty()
@@ -877,6 +1219,7 @@ impl Queue {
         state.forget(&ready);
         let paged = std::mem::take(&mut state.paged);
         state.forget_paged(&paged);
+        state.paged_deadlines.clear();
         state.ready_bytes = 0;
         state.resident_bytes = 0;
         self.update_congestion(&mut state);
@@ -922,6 +1265,8 @@ impl Queue {
         let dropped = state.ready_count() as u32;
         state.ready.clear();
         state.paged.clear();
+        state.paged_deadlines.clear();
+        state.dead_letters.clear();
         state.ready_bytes = 0;
         state.resident_bytes = 0;
         if let Some(journal) = state.journal.take() {

@@ -16,8 +16,8 @@ pub enum Overflow {
     DropHead,
     /// Refuse the new message: nacked to confirming publishers.
     RejectPublish,
-    /// As reject-publish; dead-lettering of the refused message comes with
-    /// dead-letter exchanges.
+    /// As reject-publish, and the refused message is dead-lettered
+    /// (reason `maxlen`) when the queue has a dead-letter exchange.
     RejectPublishDlx,
 }
 

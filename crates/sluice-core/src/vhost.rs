@@ -2,7 +2,7 @@
 //! the routing walk from an exchange to the queues a message lands in.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use amq_protocol::types::FieldTable;
 use rand::Rng;
@@ -12,12 +12,14 @@ use crate::arguments::{
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
 use crate::consumer::{ConnectionId, Consumer};
+use crate::dead_letter::{dead_lettered, is_cycle, DeadLetter, DeadLetterTarget, DeathReason};
 use crate::definitions::{
     new_store_id, BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition,
     VhostDefinitions,
 };
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
+use crate::expiry::QueueExpiry;
 use crate::policy::{
     effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
 };
@@ -30,6 +32,11 @@ use sluice_wire::reply_code::ReplyCode;
 /// exchange once, and stops at this depth so a pathological chain costs a
 /// bounded amount of work per message.
 pub const ROUTING_EXCHANGE_HOPS_MAX: usize = 64;
+
+/// Dead-letter problems (a missing exchange, a cycle) are logged once per
+/// queue and kind, as RabbitMQ logs a cycle once; this bounds how many the
+/// vhost remembers, after which new ones are no longer logged.
+const DEAD_LETTER_WARNINGS_MAX: usize = 1024;
 
 pub use crate::arguments::SUPPORTED_QUEUE_TYPES;
 
@@ -110,6 +117,11 @@ pub struct VirtualHost {
     /// Where durable definitions and queue journals go; None keeps
     /// everything in memory.
     store: Option<Arc<DefinitionStore>>,
+    /// This vhost, handed to its queues so that they can dead-letter and
+    /// expire.
+    this: Weak<VirtualHost>,
+    /// Dead-letter warnings already logged, by queue and kind.
+    dead_letter_warnings: Mutex<HashSet<String>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -124,7 +136,7 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
     /// RabbitMQ vhost has.
-    pub fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Arc<Self> {
         Self::with_store(name, None, VhostPolicies::default())
     }
 
@@ -134,14 +146,16 @@ impl VirtualHost {
         name: &str,
         store: Option<Arc<DefinitionStore>>,
         policies: VhostPolicies,
-    ) -> Self {
-        let vhost = VirtualHost {
+    ) -> Arc<Self> {
+        let vhost = Arc::new_cyclic(|this| VirtualHost {
             name: Arc::from(name),
             policies,
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
             store,
-        };
+            this: this.clone(),
+            dead_letter_warnings: Mutex::new(HashSet::new()),
+        });
         let standard = [
             ("", ExchangeKind::Direct),
             ("amq.direct", ExchangeKind::Direct),
@@ -411,6 +425,7 @@ impl VirtualHost {
     ) -> AmqpResult<(Arc<Queue>, bool)> {
         if declaration.passive {
             let queue = self.queue(declaration.name, connection_id)?;
+            queue.touch();
             return Ok((queue, false));
         }
         if declaration.name.starts_with("amq.") {
@@ -449,6 +464,7 @@ impl VirtualHost {
                     &existing.options.arguments,
                     &what,
                 )?;
+                existing.touch();
                 return Ok((Arc::clone(existing), false));
             }
         }
@@ -467,9 +483,8 @@ impl VirtualHost {
         let what = self.describe_queue(&name);
         check_exchange_name_argument(&declaration.arguments, "x-dead-letter-exchange", &what)?;
         check_queue_arguments(&declaration.arguments, &what)?;
-        let limits = QueueLimits::from_arguments(
-            &self.effective_queue_arguments(&name, &declaration.arguments),
-        );
+        let effective = self.effective_queue_arguments(&name, &declaration.arguments);
+        let limits = QueueLimits::from_arguments(&effective);
         let options = QueueOptions {
             durable: declaration.durable,
             exclusive_owner: declaration.exclusive.then_some(connection_id),
@@ -507,7 +522,9 @@ impl VirtualHost {
             None => Queue::new(Arc::clone(&name), Arc::clone(&self.name), options, limits),
         };
         queue.storage = self.store.as_ref().map(|store| Arc::clone(&store.storage));
+        self.attach_queue(&mut queue, &effective);
         let queue = Arc::new(queue);
+        queue.start_timers();
         queues.insert(name, Arc::clone(&queue));
         drop(queues);
         if queue.store_id.is_some() {
@@ -598,6 +615,98 @@ impl VirtualHost {
             .collect();
         for queue in owned {
             self.remove_queue(&queue);
+        }
+    }
+
+    /// Gives a new queue what its effective arguments ask of time and
+    /// dead-lettering, and the way back to this vhost.
+    fn attach_queue(&self, queue: &mut Queue, effective: &FieldTable) {
+        queue.expiry = QueueExpiry::from_arguments(effective);
+        queue.dead_letter = DeadLetterTarget::from_arguments(effective);
+        queue.virtual_host = self.this.clone();
+    }
+
+    /// Deletes a queue that went unused for its `x-expires`, as queue.delete
+    /// would: bindings removed, durable definitions saved, any consumer
+    /// that came meanwhile told with basic.cancel. Its messages are not
+    /// dead-lettered, as in RabbitMQ.
+    pub fn expire_queue(&self, queue: &Arc<Queue>) {
+        if !queue.is_unused_for_expiry() {
+            return;
+        }
+        let (dropped, consumers) = self.remove_queue(queue);
+        for consumer in consumers {
+            consumer.sink.cancelled_by_queue(&consumer);
+        }
+        tracing::info!(queue = %queue.name, vhost = %self.name, dropped, "deleted a queue unused for its x-expires");
+    }
+
+    /// Logs a dead-letter problem once per `key`.
+    fn warn_dead_letter_once(&self, key: String, warning: impl FnOnce()) {
+        let mut logged = self
+            .dead_letter_warnings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if logged.len() < DEAD_LETTER_WARNINGS_MAX && logged.insert(key) {
+            warning();
+        }
+    }
+
+    /// Republishes what `queue` dead-lettered to `target`'s exchange, with
+    /// the x-death history, routed by the dead-letter routing key or the
+    /// messages' own keys. Called with no queue locked. As in RabbitMQ
+    /// 3.10, a missing exchange drops the messages, and a copy that would
+    /// close a cycle without a rejection in it is dropped for that queue.
+    /// Persistent copies entering durable queues are journaled as any
+    /// publish; nothing confirms them (at most once, as RabbitMQ's
+    /// classic queues).
+    pub fn dead_letter(
+        &self,
+        queue: &str,
+        target: &DeadLetterTarget,
+        dead_letters: Vec<DeadLetter>,
+    ) {
+        let exchange = match self.exchange(&target.exchange) {
+            Ok(exchange) => exchange,
+            Err(_) => {
+                self.warn_dead_letter_once(format!("missing {queue} {}", target.exchange), || {
+                    tracing::warn!(queue, vhost = %self.name, exchange = %target.exchange, "the dead-letter exchange does not exist; dead-lettered messages are dropped");
+                });
+                return;
+            }
+        };
+        let time_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let mut scratch = RouteScratch::default();
+        let mut routed = Vec::new();
+        let mut destinations: Vec<Arc<Queue>> = Vec::new();
+        for dead in dead_letters {
+            let copy = dead_lettered(&dead.message, dead.reason, queue, target, time_s);
+            let headers = (exchange.kind == ExchangeKind::Headers).then_some(&copy.headers);
+            for key in &copy.routing_keys {
+                self.route(&exchange, key, headers, &mut scratch, &mut routed);
+                for destination in routed.drain(..) {
+                    if !destinations
+                        .iter()
+                        .any(|known| Arc::ptr_eq(known, &destination))
+                    {
+                        destinations.push(destination);
+                    }
+                }
+            }
+            let message = Arc::new(copy.message);
+            for destination in destinations.drain(..) {
+                if dead.reason != DeathReason::Rejected
+                    && is_cycle(&destination.name, &copy.headers)
+                {
+                    self.warn_dead_letter_once(format!("cycle {queue} {}", destination.name), || {
+                        tracing::warn!(queue, vhost = %self.name, into = %destination.name, "message dropped: dead-letter queues cycle detected; this cycle will not be reported again");
+                    });
+                    continue;
+                }
+                destination.publish(Arc::clone(&message));
+            }
         }
     }
 
@@ -888,9 +997,9 @@ impl VirtualHost {
         {
             let mut queues = write(&self.queues);
             for definition in &definitions.queues {
-                let limits = QueueLimits::from_arguments(
-                    &self.effective_queue_arguments(&definition.name, &definition.arguments),
-                );
+                let effective =
+                    self.effective_queue_arguments(&definition.name, &definition.arguments);
+                let limits = QueueLimits::from_arguments(&effective);
                 let recovered = match QueueJournal::recover(
                     &store.queue_dir(&definition.store_id),
                     Arc::clone(&store.group),
@@ -919,7 +1028,10 @@ impl VirtualHost {
                 );
                 queue.store_id = Some(definition.store_id.clone());
                 queue.storage = Some(Arc::clone(&store.storage));
-                queues.insert(name, Arc::new(queue));
+                self.attach_queue(&mut queue, &effective);
+                let queue = Arc::new(queue);
+                queue.start_timers();
+                queues.insert(name, queue);
             }
         }
         for definition in &definitions.bindings {

@@ -532,7 +532,10 @@ impl Channel {
                 }
                 requeue_by_queue(settled.drain(..));
             } else {
-                settle_by_queue(&settled, &mut dispatched);
+                // nack and reject without requeue dead-letter where the
+                // queue has a dead-letter exchange.
+                let rejected = requeue == Some(false);
+                settle_by_queue(&settled, rejected, &mut dispatched);
             }
             // Settling and requeueing dispatch on their own queues; the
             // other queues of this channel's consumers may deliver now too,
@@ -1185,8 +1188,8 @@ impl Channel {
     }
 }
 
-/// Acked messages, counted per queue with one lock each.
-fn settle_by_queue(acked: &[Unacked], settled_queues: &mut Vec<Arc<Queue>>) {
+/// Acked (or rejected) messages, counted per queue with one lock each.
+fn settle_by_queue(acked: &[Unacked], rejected: bool, settled_queues: &mut Vec<Arc<Queue>>) {
     let mut start = 0;
     while start < acked.len() {
         let queue = &acked[start].queue;
@@ -1194,7 +1197,12 @@ fn settle_by_queue(acked: &[Unacked], settled_queues: &mut Vec<Arc<Queue>>) {
             .iter()
             .take_while(|entry| Arc::ptr_eq(&entry.queue, queue))
             .count();
-        queue.settle(acked[start..start + run].iter().map(|entry| &entry.entry));
+        let entries = acked[start..start + run].iter().map(|entry| &entry.entry);
+        if rejected {
+            queue.reject(entries);
+        } else {
+            queue.settle(entries);
+        }
         if !settled_queues.iter().any(|known| Arc::ptr_eq(known, queue)) {
             settled_queues.push(Arc::clone(queue));
         }

@@ -331,3 +331,18 @@ pub async fn channel_closed_with(watcher: &mut Consumer) -> (u16, String) {
         other => panic!("expected the channel's close error, got {other:?}"),
     }
 }
+
+/// Polls `condition` every 10 ms until it holds, failing the test with
+/// `what` after [`ARRIVAL_TIMEOUT`].
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + ARRIVAL_TIMEOUT;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Properties with the per-message `expiration`, in milliseconds.
+pub fn expiring_in(milliseconds: &str) -> BasicProperties {
+    BasicProperties::default().with_expiration(milliseconds.into())
+}
