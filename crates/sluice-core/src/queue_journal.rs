@@ -318,7 +318,7 @@ impl QueueJournal {
         acked.sort_unstable();
         acked.dedup();
         let messages = live_messages(native, &moved, &acked);
-        let log = LogBuffer::new(log, settings.segment_size_bytes);
+        let log = LogBuffer::with_preallocation(log, settings.segment_size_bytes);
         let mut journal = QueueJournal::new(log, group, true);
         let mut moved = moved.iter().peekable();
         for message in &messages {

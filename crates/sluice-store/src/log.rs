@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::record::Record;
-use crate::segment::{segment_id, Segment};
+use crate::record::RecordError;
+use crate::segment::{is_preallocation_leftover, segment_id, Segment};
 use crate::StoreError;
 
 /// A record found at recovery, with where it lives.
@@ -40,11 +41,15 @@ impl SegmentLog {
     pub fn recover(dir: &Path, mut visit: impl FnMut(RecordView<'_>)) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
-        let mut ids: Vec<u64> = std::fs::read_dir(dir)
+        let paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|error| StoreError::io(format!("listing {}", dir.display()), error))?
             .filter_map(|entry| entry.ok())
-            .filter_map(|entry| segment_id(&entry.path()))
+            .map(|entry| entry.path())
             .collect();
+        for path in paths.iter().filter(|path| is_preallocation_leftover(path)) {
+            let _ = std::fs::remove_file(path);
+        }
+        let mut ids: Vec<u64> = paths.iter().filter_map(|path| segment_id(path)).collect();
         ids.sort_unstable();
         let mut segments = BTreeMap::new();
         // One buffer, grown to the largest segment, for every segment read.
@@ -60,7 +65,14 @@ impl SegmentLog {
                         payload,
                     })
                 })?;
-            if let Some(reason) = &stopped_by {
+            let preallocated_tail = matches!(stopped_by, Some(RecordError::BadLength(0)))
+                && buffer[valid_length as usize..]
+                    .iter()
+                    .all(|byte| *byte == 0);
+            if preallocated_tail {
+                // The unused zeros of a preallocated segment: nothing was lost.
+                segment.truncate(valid_length)?;
+            } else if let Some(reason) = &stopped_by {
                 tracing::warn!(
                     segment = %segment.path.display(),
                     kept_bytes = valid_length,
