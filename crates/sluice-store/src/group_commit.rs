@@ -79,6 +79,16 @@ pub struct LogBuffer {
     written_signal_requested: AtomicBool,
 }
 
+/// How long deleting or dropping a log waits for a segment being zero-filled:
+/// a 1 GiB segment at a slow disk's 100 MB/s.
+const PREALLOCATION_WAIT_MAX: Duration = Duration::from_secs(10);
+
+impl Drop for LogBuffer {
+    fn drop(&mut self) {
+        self.wait_for_preallocation();
+    }
+}
+
 /// What the sync thread calls when a log's buffer was written out.
 pub type WrittenSignal = Box<dyn Fn() + Send + Sync>;
 
@@ -399,12 +409,23 @@ impl LogBuffer {
         lock(&self.log).remove_segments_before(segment)
     }
 
+    /// Waits for a helper thread zero-filling a segment of this log to
+    /// finish, so that nothing writes into the directory after its owner is
+    /// done with it.
+    fn wait_for_preallocation(&self) {
+        let deadline = Instant::now() + PREALLOCATION_WAIT_MAX;
+        while self.preallocating.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Stops writing and deletes the log's files.
     pub fn destroy(&self) -> Result<(), StoreError> {
         let mut pending = lock(&self.pending);
         pending.destroyed = true;
         pending.chunks.clear();
         drop(pending);
+        self.wait_for_preallocation();
         lock(&self.readers).clear();
         *lock(&self.written_signal) = None;
         let mut log = lock(&self.log);
