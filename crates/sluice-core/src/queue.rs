@@ -407,19 +407,9 @@ impl Queue {
                     });
                 }
             } else if state.paged_head_deadline() <= now {
-                let Some((paged, _)) = state.pop_paged() else {
+                if !self.discard_paged_head(state, DeathReason::Expired) {
                     break;
-                };
-                state.ready_bytes -= paged.body_size as u64;
-                if self.dead_letter.is_some() {
-                    if let Some(message) = self.read_paged(state, &paged) {
-                        state.dead_letters.push(DeadLetter {
-                            message: Arc::new(message),
-                            reason: DeathReason::Expired,
-                        });
-                    }
                 }
-                state.forget_paged([&paged]);
             } else {
                 break;
             }
@@ -714,18 +704,7 @@ impl Queue {
                         reason: DeathReason::Maxlen,
                     });
                 }
-            } else if let Some((dropped, _)) = state.pop_paged() {
-                state.ready_bytes -= dropped.body_size as u64;
-                if self.dead_letter.is_some() {
-                    if let Some(message) = self.read_paged(state, &dropped) {
-                        state.dead_letters.push(DeadLetter {
-                            message: Arc::new(message),
-                            reason: DeathReason::Maxlen,
-                        });
-                    }
-                }
-                state.forget_paged([&dropped]);
-            } else {
+            } else if !self.discard_paged_head(state, DeathReason::Maxlen) {
                 break;
             }
         }
@@ -894,6 +873,26 @@ impl Queue {
         }
         self.unlock(state);
         Some((entry, remaining))
+    }
+
+    /// Removes the paged head for good (expired, or over a length limit),
+    /// dead-lettering it when the queue has a dead-letter exchange, which
+    /// reads its body back. False when nothing is paged.
+    fn discard_paged_head(&self, state: &mut QueueState, reason: DeathReason) -> bool {
+        let Some((paged, _)) = state.pop_paged() else {
+            return false;
+        };
+        state.ready_bytes -= paged.body_size as u64;
+        if self.dead_letter.is_some() {
+            if let Some(message) = self.read_paged(state, &paged) {
+                state.dead_letters.push(DeadLetter {
+                    message: Arc::new(message),
+                    reason,
+                });
+            }
+        }
+        state.forget_paged([&paged]);
+        true
     }
 
     /// Reads a paged message back; None (logged) when the disk fails it.

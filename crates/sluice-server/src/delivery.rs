@@ -8,6 +8,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::BytesMut;
+
 use sluice_core::consumer::{Consumer, DeliverySink};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::Message;
@@ -198,6 +200,35 @@ fn release_prefetch(settled: &[Unacked]) {
     }
 }
 
+impl ChannelDeliveries {
+    /// basic.deliver and the message's content frames, as one delivery.
+    fn encode_delivery(
+        &self,
+        out: &mut BytesMut,
+        consumer_tag: &[u8],
+        delivery_tag: u64,
+        redelivered: bool,
+        message: &Message,
+    ) {
+        encode_deliver(
+            out,
+            self.channel_id,
+            consumer_tag,
+            delivery_tag,
+            redelivered,
+            &message.exchange,
+            &message.routing_key,
+        );
+        encode_content(
+            out,
+            self.channel_id,
+            &message.properties,
+            &message.body,
+            self.frame_max,
+        );
+    }
+}
+
 fn unknown_delivery_tag(delivery_tag: u64) -> AmqpError {
     AmqpError::precondition_failed(format!("unknown delivery tag {delivery_tag}"))
 }
@@ -217,24 +248,14 @@ impl DeliverySink for ChannelDeliveries {
             return Err(entry);
         }
         let delivery_tag = state.next_delivery_tag;
-        let message = &entry.message;
         let written = self.outbox.append_delivery(|out| {
-            encode_deliver(
+            self.encode_delivery(
                 out,
-                self.channel_id,
                 consumer.tag.as_bytes(),
                 delivery_tag,
                 entry.redelivered,
-                &message.exchange,
-                &message.routing_key,
-            );
-            encode_content(
-                out,
-                self.channel_id,
-                &message.properties,
-                &message.body,
-                self.frame_max,
-            );
+                &entry.message,
+            )
         });
         if !written {
             return Err(entry);
@@ -287,22 +308,7 @@ impl ReplySink for ChannelDeliveries {
         }
         let delivery_tag = state.next_delivery_tag;
         let written = self.outbox.append_delivery(|out| {
-            encode_deliver(
-                out,
-                self.channel_id,
-                consumer_tag.as_bytes(),
-                delivery_tag,
-                false,
-                &message.exchange,
-                &message.routing_key,
-            );
-            encode_content(
-                out,
-                self.channel_id,
-                &message.properties,
-                &message.body,
-                self.frame_max,
-            );
+            self.encode_delivery(out, consumer_tag.as_bytes(), delivery_tag, false, message)
         });
         if written {
             state.next_delivery_tag += 1;
