@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use amq_protocol::types::FieldTable;
+use amq_protocol::types::{AMQPValue, FieldTable};
 
 use crate::consumer::{ConnectionId, Consumer};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
@@ -25,6 +25,9 @@ use crate::queue_limits::{Overflow, QueueLimits};
 use crate::queue_timer::QueueTimer;
 use crate::vhost::VirtualHost;
 use sluice_store::group_commit::Location;
+
+/// The queue argument that turns single active consumer on.
+const SINGLE_ACTIVE_CONSUMER_ARGUMENT: &str = "x-single-active-consumer";
 
 /// Paged references a drained queue keeps room for (24 bytes each).
 const PAGED_CAPACITY_KEPT: usize = 4096;
@@ -110,6 +113,9 @@ pub struct Queue {
     /// The vhost, for dead-lettering and for deleting the queue when it
     /// expires; weak, as the vhost holds its queues.
     pub virtual_host: Weak<VirtualHost>,
+    /// `x-single-active-consumer`: only `consumers[0]` receives messages.
+    /// A queue argument only, never a policy key, as in RabbitMQ 3.10.
+    pub single_active_consumer: bool,
 }
 
 #[derive(Default)]
@@ -126,6 +132,8 @@ struct QueueState {
     /// Delivered to consumers or fetched with basic.get, not yet settled.
     unacked: u64,
     /// Sorted by priority, highest first; registration order within one.
+    /// In a single-active-consumer queue, the active consumer first and
+    /// the waiting ones after it in registration order, priorities aside.
     consumers: Vec<Arc<Consumer>>,
     /// Rotates deliveries among consumers of equal priority.
     round_robin: usize,
@@ -251,6 +259,11 @@ pub struct ConsumerRemoved {
     /// True when this was the last consumer of an auto-delete queue: the
     /// caller deletes the queue.
     pub queue_now_unused: bool,
+    /// A single-active-consumer queue lost its active consumer and another
+    /// took over: the caller dispatches once the removed consumer's unacked
+    /// messages, if they are to be requeued, are back, so that the new
+    /// active consumer receives them first and in order.
+    pub active_consumer_changed: bool,
 }
 
 impl Queue {
@@ -260,6 +273,13 @@ impl Queue {
         options: QueueOptions,
         limits: QueueLimits,
     ) -> Self {
+        let single_active_consumer = matches!(
+            options
+                .arguments
+                .inner()
+                .get(SINGLE_ACTIVE_CONSUMER_ARGUMENT),
+            Some(AMQPValue::Boolean(true))
+        );
         Queue {
             name,
             vhost,
@@ -274,6 +294,7 @@ impl Queue {
             expiry: QueueExpiry::default(),
             dead_letter: None,
             virtual_host: Weak::new(),
+            single_active_consumer,
         }
     }
 
@@ -794,12 +815,17 @@ impl Queue {
 
     /// Offers the head message to the highest-priority consumers first,
     /// round-robin within a priority. Returns false when nobody could take it.
+    /// A single-active-consumer queue offers it to its active consumer only.
     fn deliver_one(self: &Arc<Self>, state: &mut QueueState) -> bool {
-        let consumer_count = state.consumers.len();
+        let consumer_count = if self.single_active_consumer {
+            state.consumers.len().min(1)
+        } else {
+            state.consumers.len()
+        };
         let mut group_start = 0;
         while group_start < consumer_count {
             let priority = state.consumers[group_start].priority;
-            let group_len = state.consumers[group_start..]
+            let group_len = state.consumers[group_start..consumer_count]
                 .iter()
                 .take_while(|consumer| consumer.priority == priority)
                 .count();
@@ -1157,7 +1183,10 @@ impl Queue {
                 self.name, self.vhost
             )));
         }
-        let exclusive_in_use = consumer.exclusive && !state.consumers.is_empty()
+        // RabbitMQ refuses an exclusive consumer on a single-active-consumer
+        // queue whether or not it has consumers (`exclusive_consume_unavailable`).
+        let exclusive_in_use = consumer.exclusive
+            && (self.single_active_consumer || !state.consumers.is_empty())
             || state.consumers.iter().any(|existing| existing.exclusive);
         if exclusive_in_use {
             return Err(AmqpError::access_refused(format!(
@@ -1169,10 +1198,17 @@ impl Queue {
             // Flow measures the backlog's growth from where it is now.
             state.flow_floor = (state.ready_count() as u64, state.ready_bytes);
         }
-        let position = state
-            .consumers
-            .partition_point(|existing| existing.priority >= consumer.priority);
-        state.consumers.insert(position, consumer);
+        if self.single_active_consumer {
+            // The first consumer registered is the active one, whatever the
+            // priorities (RabbitMQ 3.10's `basic_consume`); the others wait
+            // in registration order.
+            state.consumers.push(consumer);
+        } else {
+            let position = state
+                .consumers
+                .partition_point(|existing| existing.priority >= consumer.priority);
+            state.consumers.insert(position, consumer);
+        }
         state.had_consumer = true;
         // No dispatch here: the caller sends consume-ok first, then calls
         // dispatch, so deliveries never overtake the consume-ok.
@@ -1192,6 +1228,11 @@ impl Queue {
                 && &*consumer.tag == tag
         })?;
         let consumer = state.consumers.remove(index);
+        let active_consumer_changed =
+            self.single_active_consumer && index == 0 && !state.consumers.is_empty();
+        if active_consumer_changed {
+            Self::promote_next_active(&mut state.consumers);
+        }
         self.update_congestion(&mut state);
         if let Some(expires) = self.expiry.expires_us {
             if state.consumers.is_empty() {
@@ -1208,7 +1249,38 @@ impl Queue {
         Some(ConsumerRemoved {
             consumer,
             queue_now_unused,
+            active_consumer_changed,
         })
+    }
+
+    /// Makes the next consumer of a single-active-consumer queue active:
+    /// the one with the highest priority, the earliest registered among
+    /// equals, as RabbitMQ 3.10 picks it (`rabbit_queue_consumers:
+    /// get_consumer`, the head of its consumer priority queue). Without
+    /// priorities that is registration order. The others keep their order.
+    fn promote_next_active(consumers: &mut Vec<Arc<Consumer>>) {
+        let mut next = 0;
+        for (index, consumer) in consumers.iter().enumerate() {
+            if consumer.priority > consumers[next].priority {
+                next = index;
+            }
+        }
+        if next != 0 {
+            let active = consumers.remove(next);
+            consumers.insert(0, active);
+        }
+    }
+
+    /// The tag of the consumer receiving messages in a single-active-consumer
+    /// queue; None in other queues and while it has no consumer.
+    pub fn active_consumer_tag(&self) -> Option<Arc<str>> {
+        if !self.single_active_consumer {
+            return None;
+        }
+        self.lock()
+            .consumers
+            .first()
+            .map(|consumer| Arc::clone(&consumer.tag))
     }
 
     /// Drops every ready message; messages out with consumers stay out.
