@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use amq_protocol::types::{AMQPValue, FieldTable};
 
+use crate::arguments::{as_strict_integer, MAX_PRIORITY_MAX};
 use crate::consumer::{ConnectionId, Consumer};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
 use crate::error::{AmqpError, AmqpResult};
@@ -23,6 +24,7 @@ use crate::paging::PagedMessage;
 use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
 use crate::queue_timer::QueueTimer;
+use crate::ready::ReadyMessages;
 use crate::vhost::VirtualHost;
 use sluice_store::group_commit::Location;
 
@@ -90,6 +92,19 @@ pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 /// The same bound in body bytes, for large messages.
 pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
 
+/// A priority queue (`x-max-priority`) keeps every ready message in memory:
+/// it does not page, because a message paged in arrival order could be
+/// due before resident ones of lower priority. Its depth is bounded here
+/// instead: past this many ready messages, or
+/// [`PRIORITY_QUEUE_READY_BYTES_MAX`] of bodies, it counts as congested,
+/// consumers or not, so publishers into it are paused (their sockets not
+/// read) until it drains back by half. At about 100 bytes of bookkeeping
+/// per message plus its body, that is some 300 MiB of memory at most.
+pub const PRIORITY_QUEUE_READY_MESSAGES_MAX: usize = 256 * 1024;
+
+/// The same bound in body bytes.
+pub const PRIORITY_QUEUE_READY_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
 pub struct Queue {
     pub name: Arc<str>,
     pub vhost: Arc<str>,
@@ -120,8 +135,9 @@ pub struct Queue {
 
 #[derive(Default)]
 struct QueueState {
-    /// The head of the ready messages, in memory.
-    ready: VecDeque<QueuedMessage>,
+    /// The head of the ready messages, in memory, in delivery order:
+    /// priority first in a priority queue, then offset.
+    ready: ReadyMessages,
     /// The rest of them, bodies on disk, all after those in `ready`.
     paged: VecDeque<PagedMessage>,
     /// Body bytes of every ready message, paged or not.
@@ -273,6 +289,12 @@ impl Queue {
         options: QueueOptions,
         limits: QueueLimits,
     ) -> Self {
+        let max_priority = options
+            .arguments
+            .inner()
+            .get("x-max-priority")
+            .and_then(as_strict_integer)
+            .map(|max| max.clamp(0, MAX_PRIORITY_MAX) as u8);
         let single_active_consumer = matches!(
             options
                 .arguments
@@ -287,7 +309,10 @@ impl Queue {
             limits,
             store_id: None,
             storage: None,
-            state: Mutex::new(QueueState::default()),
+            state: Mutex::new(QueueState {
+                ready: ReadyMessages::new(max_priority),
+                ..QueueState::default()
+            }),
             deleted: AtomicBool::new(false),
             congested: AtomicBool::new(false),
             uncongested: tokio::sync::Notify::new(),
@@ -492,12 +517,16 @@ impl Queue {
             .storage
             .as_ref()
             .map_or(u64::MAX, |storage| storage.settings.unwritten_bytes_max);
+        let priority = state.ready.is_priority();
         if !self.is_congested() {
             let flow_over = !state.consumers.is_empty()
                 && (backlog.0 > floor.0 + FLOW_BACKLOG_MESSAGES as u64
                     || backlog.1 > floor.1 + FLOW_BACKLOG_BYTES);
             let store_over = unwritten > unwritten_max;
-            if (flow_over || store_over) && !self.is_deleted() {
+            let memory_over = priority
+                && (backlog.0 > PRIORITY_QUEUE_READY_MESSAGES_MAX as u64
+                    || backlog.1 > PRIORITY_QUEUE_READY_BYTES_MAX);
+            if (flow_over || store_over || memory_over) && !self.is_deleted() {
                 self.congested.store(true, Ordering::Release);
                 if store_over {
                     self.request_written_signal(state);
@@ -508,7 +537,10 @@ impl Queue {
                 || (backlog.0 <= floor.0 + FLOW_BACKLOG_MESSAGES as u64 / 2
                     && backlog.1 <= floor.1 + FLOW_BACKLOG_BYTES / 2);
             let store_drained = unwritten <= unwritten_max / 2;
-            if (flow_drained && store_drained) || self.is_deleted() {
+            let memory_drained = !priority
+                || (backlog.0 <= PRIORITY_QUEUE_READY_MESSAGES_MAX as u64 / 2
+                    && backlog.1 <= PRIORITY_QUEUE_READY_BYTES_MAX / 2);
+            if (flow_drained && store_drained && memory_drained) || self.is_deleted() {
                 self.congested.store(false, Ordering::Release);
                 self.uncongested.notify_waiters();
             } else if !store_drained {
@@ -695,6 +727,10 @@ impl Queue {
         written_at: Option<Location>,
     ) -> Option<Location> {
         let storage = self.storage.as_ref()?;
+        if state.ready.is_priority() {
+            // Priority queues do not page: see PRIORITY_QUEUE_READY_MESSAGES_MAX.
+            return None;
+        }
         let window_full = state.ready.len() >= storage.settings.resident_messages_max
             || state.resident_bytes + message.body_size() as u64
                 > storage.settings.resident_bytes_max;
@@ -798,6 +834,14 @@ impl Queue {
     /// go first, so no consumer receives a message past its deadline; a
     /// queue without deadlines pays one branch per message for that.
     fn deliver_ready(self: &Arc<Self>, state: &mut QueueState) {
+        if state.ready.is_priority() && !state.paged.is_empty() {
+            // Recovered messages of a priority queue wait on disk in offset
+            // order: deliver once all are read back, in priority order.
+            if !state.consumers.is_empty() {
+                self.request_pager(state);
+            }
+            return;
+        }
         let deadlines = state.deadlines;
         loop {
             if deadlines {
@@ -966,8 +1010,20 @@ impl Queue {
             // Copy out what to read, under the lock.
             let (batch, log) = {
                 let state = self.lock();
-                let room = settings
-                    .resident_messages_max
+                // A priority queue reads all of its paged messages (recovered
+                // ones: it never pages) back, window or not.
+                let priority = state.ready.is_priority();
+                let window = if priority {
+                    usize::MAX
+                } else {
+                    settings.resident_messages_max
+                };
+                let bytes_max = if priority {
+                    u64::MAX
+                } else {
+                    settings.resident_bytes_max
+                };
+                let room = window
                     .saturating_sub(state.ready.len())
                     .min(settings.read_batch_messages());
                 let Some(journal) = state.journal.as_ref() else {
@@ -977,7 +1033,7 @@ impl Queue {
                     || state.paged.is_empty()
                     || state.consumers.is_empty()
                     || self.is_deleted()
-                    || state.resident_bytes >= settings.resident_bytes_max
+                    || state.resident_bytes >= bytes_max
                 {
                     return;
                 }
@@ -988,7 +1044,7 @@ impl Queue {
                     .take(room)
                     .take_while(|paged| {
                         bytes += paged.body_size as u64;
-                        bytes <= settings.resident_bytes_max || bytes == paged.body_size as u64
+                        bytes <= bytes_max || bytes == paged.body_size as u64
                     })
                     .map(|paged| (*paged, journal.resolve(paged.offset, paged.location())))
                     .collect();
@@ -1164,12 +1220,8 @@ impl Queue {
             let body_size = entry.message.body_size() as u64;
             state.ready_bytes += body_size;
             state.resident_bytes += body_size;
-            // Requeues are usually of the oldest messages: search from the
-            // front. Every paged message is newer than a delivered one.
-            let position = state
-                .ready
-                .partition_point(|queued| queued.offset < entry.offset);
-            state.ready.insert(position, entry);
+            // Every paged message is newer than a delivered one.
+            state.ready.insert_by_offset(entry);
         }
         self.dispatch_locked(&mut state);
         self.unlock(state);
@@ -1287,7 +1339,7 @@ impl Queue {
     pub fn purge(self: &Arc<Self>) -> u32 {
         let mut state = self.lock();
         let purged = state.ready_count() as u32;
-        let ready = std::mem::take(&mut state.ready);
+        let ready = state.ready.take_all();
         state.forget(&ready);
         let paged = std::mem::take(&mut state.paged);
         state.forget_paged(&paged);
