@@ -920,6 +920,9 @@ impl Queue {
         if self.expiry.expires_us.is_some() {
             state.used_at_us = now_us();
         }
+        if state.ready.is_priority() && !state.paged.is_empty() {
+            self.read_back_recovered(&mut state);
+        }
         if state.deadlines {
             self.expire_head(&mut state);
         }
@@ -964,6 +967,32 @@ impl Queue {
         }
         self.unlock(state);
         Some((entry, remaining))
+    }
+
+    /// Reads every paged message of a priority queue back into its level,
+    /// under the lock: basic.get on a recovered priority queue answers with
+    /// the highest priority, not the oldest message. A priority queue pages
+    /// nothing itself, so these are messages recovered from its journal,
+    /// which the pager would read back for consumers anyway.
+    fn read_back_recovered(&self, state: &mut QueueState) {
+        while let Some((paged, expires_at_us)) = state.pop_paged() {
+            match self.read_paged(state, &paged) {
+                Some(message) => {
+                    state.resident_bytes += paged.body_size as u64;
+                    state.ready.push_read_back(QueuedMessage {
+                        offset: paged.offset,
+                        message: Arc::new(message),
+                        redelivered: paged.redelivered(),
+                        segment: Some(paged.segment()),
+                        expires_at_us,
+                    });
+                }
+                None => {
+                    state.ready_bytes -= paged.body_size as u64;
+                    state.forget_paged([&paged]);
+                }
+            }
+        }
     }
 
     /// Reads a paged message back; None (logged) when the disk fails it.
@@ -1070,7 +1099,7 @@ impl Queue {
                 match message {
                     Ok(message) => {
                         state.resident_bytes += paged.body_size as u64;
-                        state.ready.push_back(QueuedMessage {
+                        state.ready.push_read_back(QueuedMessage {
                             offset: paged.offset,
                             message: Arc::new(message),
                             redelivered: paged.redelivered(),

@@ -138,6 +138,17 @@ impl ReadyMessages {
         }
     }
 
+    /// Adds a message read back from disk: after every resident message in
+    /// an ordinary queue, where paged messages are all newer; at its offset
+    /// within its level in a priority queue, where messages published since
+    /// recovery are resident and newer.
+    pub fn push_read_back(&mut self, entry: QueuedMessage) {
+        match self {
+            ReadyMessages::Fifo(ready) => ready.push_back(entry),
+            ReadyMessages::Priority(_) => self.insert_by_offset(entry),
+        }
+    }
+
     /// Puts a requeued message back where its offset places it (within its
     /// level, in a priority queue). Requeues are usually of the oldest
     /// messages, so the search is a binary one from the front.
