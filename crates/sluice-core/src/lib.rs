@@ -5,6 +5,7 @@
 //! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: a classic queue, dispatching to consumers inline.
+//! - [`ready`]: a queue's ready messages in memory, by priority in a priority queue.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
 //! - [`queue_journal`]: a queue's persistent and paged messages and acks on disk.
 //! - [`paging`]: the in-memory window of a queue and its paged references.
@@ -39,6 +40,7 @@ pub mod queue;
 pub mod queue_journal;
 pub mod queue_limits;
 pub mod queue_timer;
+pub mod ready;
 pub mod reply_to;
 pub mod segment_liveness;
 pub mod vhost;

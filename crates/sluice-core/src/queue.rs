@@ -11,8 +11,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use amq_protocol::types::FieldTable;
+use amq_protocol::types::{AMQPValue, FieldTable};
 
+use crate::arguments::{as_strict_integer, MAX_PRIORITY_MAX};
 use crate::consumer::{ConnectionId, Consumer};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
 use crate::error::{AmqpError, AmqpResult};
@@ -23,8 +24,12 @@ use crate::paging::PagedMessage;
 use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
 use crate::queue_timer::QueueTimer;
+use crate::ready::ReadyMessages;
 use crate::vhost::VirtualHost;
 use sluice_store::group_commit::Location;
+
+/// The queue argument that turns single active consumer on.
+const SINGLE_ACTIVE_CONSUMER_ARGUMENT: &str = "x-single-active-consumer";
 
 /// Paged references a drained queue keeps room for (24 bytes each).
 const PAGED_CAPACITY_KEPT: usize = 4096;
@@ -87,6 +92,19 @@ pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 /// The same bound in body bytes, for large messages.
 pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
 
+/// A priority queue (`x-max-priority`) keeps every ready message in memory:
+/// it does not page, because a message paged in arrival order could be
+/// due before resident ones of lower priority. Its depth is bounded here
+/// instead: past this many ready messages, or
+/// [`PRIORITY_QUEUE_READY_BYTES_MAX`] of bodies, it counts as congested,
+/// consumers or not, so publishers into it are paused (their sockets not
+/// read) until it drains back by half. At about 100 bytes of bookkeeping
+/// per message plus its body, that is some 300 MiB of memory at most.
+pub const PRIORITY_QUEUE_READY_MESSAGES_MAX: usize = 256 * 1024;
+
+/// The same bound in body bytes.
+pub const PRIORITY_QUEUE_READY_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
 pub struct Queue {
     pub name: Arc<str>,
     pub vhost: Arc<str>,
@@ -110,12 +128,16 @@ pub struct Queue {
     /// The vhost, for dead-lettering and for deleting the queue when it
     /// expires; weak, as the vhost holds its queues.
     pub virtual_host: Weak<VirtualHost>,
+    /// `x-single-active-consumer`: only `consumers[0]` receives messages.
+    /// A queue argument only, never a policy key, as in RabbitMQ 3.10.
+    pub single_active_consumer: bool,
 }
 
 #[derive(Default)]
 struct QueueState {
-    /// The head of the ready messages, in memory.
-    ready: VecDeque<QueuedMessage>,
+    /// The head of the ready messages, in memory, in delivery order:
+    /// priority first in a priority queue, then offset.
+    ready: ReadyMessages,
     /// The rest of them, bodies on disk, all after those in `ready`.
     paged: VecDeque<PagedMessage>,
     /// Body bytes of every ready message, paged or not.
@@ -126,6 +148,8 @@ struct QueueState {
     /// Delivered to consumers or fetched with basic.get, not yet settled.
     unacked: u64,
     /// Sorted by priority, highest first; registration order within one.
+    /// In a single-active-consumer queue, the active consumer first and
+    /// the waiting ones after it in registration order, priorities aside.
     consumers: Vec<Arc<Consumer>>,
     /// Rotates deliveries among consumers of equal priority.
     round_robin: usize,
@@ -251,6 +275,11 @@ pub struct ConsumerRemoved {
     /// True when this was the last consumer of an auto-delete queue: the
     /// caller deletes the queue.
     pub queue_now_unused: bool,
+    /// A single-active-consumer queue lost its active consumer and another
+    /// took over: the caller dispatches once the removed consumer's unacked
+    /// messages, if they are to be requeued, are back, so that the new
+    /// active consumer receives them first and in order.
+    pub active_consumer_changed: bool,
 }
 
 impl Queue {
@@ -260,6 +289,19 @@ impl Queue {
         options: QueueOptions,
         limits: QueueLimits,
     ) -> Self {
+        let max_priority = options
+            .arguments
+            .inner()
+            .get("x-max-priority")
+            .and_then(as_strict_integer)
+            .map(|max| max.clamp(0, MAX_PRIORITY_MAX) as u8);
+        let single_active_consumer = matches!(
+            options
+                .arguments
+                .inner()
+                .get(SINGLE_ACTIVE_CONSUMER_ARGUMENT),
+            Some(AMQPValue::Boolean(true))
+        );
         Queue {
             name,
             vhost,
@@ -267,13 +309,17 @@ impl Queue {
             limits,
             store_id: None,
             storage: None,
-            state: Mutex::new(QueueState::default()),
+            state: Mutex::new(QueueState {
+                ready: ReadyMessages::new(max_priority),
+                ..QueueState::default()
+            }),
             deleted: AtomicBool::new(false),
             congested: AtomicBool::new(false),
             uncongested: tokio::sync::Notify::new(),
             expiry: QueueExpiry::default(),
             dead_letter: None,
             virtual_host: Weak::new(),
+            single_active_consumer,
         }
     }
 
@@ -461,12 +507,16 @@ impl Queue {
             .storage
             .as_ref()
             .map_or(u64::MAX, |storage| storage.settings.unwritten_bytes_max);
+        let priority = state.ready.is_priority();
         if !self.is_congested() {
             let flow_over = !state.consumers.is_empty()
                 && (backlog.0 > floor.0 + FLOW_BACKLOG_MESSAGES as u64
                     || backlog.1 > floor.1 + FLOW_BACKLOG_BYTES);
             let store_over = unwritten > unwritten_max;
-            if (flow_over || store_over) && !self.is_deleted() {
+            let memory_over = priority
+                && (backlog.0 > PRIORITY_QUEUE_READY_MESSAGES_MAX as u64
+                    || backlog.1 > PRIORITY_QUEUE_READY_BYTES_MAX);
+            if (flow_over || store_over || memory_over) && !self.is_deleted() {
                 self.congested.store(true, Ordering::Release);
                 if store_over {
                     self.request_written_signal(state);
@@ -477,7 +527,10 @@ impl Queue {
                 || (backlog.0 <= floor.0 + FLOW_BACKLOG_MESSAGES as u64 / 2
                     && backlog.1 <= floor.1 + FLOW_BACKLOG_BYTES / 2);
             let store_drained = unwritten <= unwritten_max / 2;
-            if (flow_drained && store_drained) || self.is_deleted() {
+            let memory_drained = !priority
+                || (backlog.0 <= PRIORITY_QUEUE_READY_MESSAGES_MAX as u64 / 2
+                    && backlog.1 <= PRIORITY_QUEUE_READY_BYTES_MAX / 2);
+            if (flow_drained && store_drained && memory_drained) || self.is_deleted() {
                 self.congested.store(false, Ordering::Release);
                 self.uncongested.notify_waiters();
             } else if !store_drained {
@@ -664,6 +717,10 @@ impl Queue {
         written_at: Option<Location>,
     ) -> Option<Location> {
         let storage = self.storage.as_ref()?;
+        if state.ready.is_priority() {
+            // Priority queues do not page: see PRIORITY_QUEUE_READY_MESSAGES_MAX.
+            return None;
+        }
         let window_full = state.ready.len() >= storage.settings.resident_messages_max
             || state.resident_bytes + message.body_size() as u64
                 > storage.settings.resident_bytes_max;
@@ -756,6 +813,14 @@ impl Queue {
     /// go first, so no consumer receives a message past its deadline; a
     /// queue without deadlines pays one branch per message for that.
     fn deliver_ready(self: &Arc<Self>, state: &mut QueueState) {
+        if state.ready.is_priority() && !state.paged.is_empty() {
+            // Recovered messages of a priority queue wait on disk in offset
+            // order: deliver once all are read back, in priority order.
+            if !state.consumers.is_empty() {
+                self.request_pager(state);
+            }
+            return;
+        }
         let deadlines = state.deadlines;
         loop {
             if deadlines {
@@ -773,12 +838,17 @@ impl Queue {
 
     /// Offers the head message to the highest-priority consumers first,
     /// round-robin within a priority. Returns false when nobody could take it.
+    /// A single-active-consumer queue offers it to its active consumer only.
     fn deliver_one(self: &Arc<Self>, state: &mut QueueState) -> bool {
-        let consumer_count = state.consumers.len();
+        let consumer_count = if self.single_active_consumer {
+            state.consumers.len().min(1)
+        } else {
+            state.consumers.len()
+        };
         let mut group_start = 0;
         while group_start < consumer_count {
             let priority = state.consumers[group_start].priority;
-            let group_len = state.consumers[group_start..]
+            let group_len = state.consumers[group_start..consumer_count]
                 .iter()
                 .take_while(|consumer| consumer.priority == priority)
                 .count();
@@ -828,6 +898,9 @@ impl Queue {
         let mut state = self.lock();
         if self.expiry.expires_us.is_some() {
             state.used_at_us = now_us();
+        }
+        if state.ready.is_priority() && !state.paged.is_empty() {
+            self.read_back_recovered(&mut state);
         }
         if state.deadlines {
             self.expire_head(&mut state);
@@ -895,6 +968,32 @@ impl Queue {
         true
     }
 
+    /// Reads every paged message of a priority queue back into its level,
+    /// under the lock: basic.get on a recovered priority queue answers with
+    /// the highest priority, not the oldest message. A priority queue pages
+    /// nothing itself, so these are messages recovered from its journal,
+    /// which the pager would read back for consumers anyway.
+    fn read_back_recovered(&self, state: &mut QueueState) {
+        while let Some((paged, expires_at_us)) = state.pop_paged() {
+            match self.read_paged(state, &paged) {
+                Some(message) => {
+                    state.resident_bytes += paged.body_size as u64;
+                    state.ready.push_read_back(QueuedMessage {
+                        offset: paged.offset,
+                        message: Arc::new(message),
+                        redelivered: paged.redelivered(),
+                        segment: Some(paged.segment()),
+                        expires_at_us,
+                    });
+                }
+                None => {
+                    state.ready_bytes -= paged.body_size as u64;
+                    state.forget_paged([&paged]);
+                }
+            }
+        }
+    }
+
     /// Reads a paged message back; None (logged) when the disk fails it.
     fn read_paged(&self, state: &QueueState, paged: &PagedMessage) -> Option<Message> {
         let journal = state.journal.as_ref()?;
@@ -939,8 +1038,20 @@ impl Queue {
             // Copy out what to read, under the lock.
             let (batch, log) = {
                 let state = self.lock();
-                let room = settings
-                    .resident_messages_max
+                // A priority queue reads all of its paged messages (recovered
+                // ones: it never pages) back, window or not.
+                let priority = state.ready.is_priority();
+                let window = if priority {
+                    usize::MAX
+                } else {
+                    settings.resident_messages_max
+                };
+                let bytes_max = if priority {
+                    u64::MAX
+                } else {
+                    settings.resident_bytes_max
+                };
+                let room = window
                     .saturating_sub(state.ready.len())
                     .min(settings.read_batch_messages());
                 let Some(journal) = state.journal.as_ref() else {
@@ -950,7 +1061,7 @@ impl Queue {
                     || state.paged.is_empty()
                     || state.consumers.is_empty()
                     || self.is_deleted()
-                    || state.resident_bytes >= settings.resident_bytes_max
+                    || state.resident_bytes >= bytes_max
                 {
                     return;
                 }
@@ -961,7 +1072,7 @@ impl Queue {
                     .take(room)
                     .take_while(|paged| {
                         bytes += paged.body_size as u64;
-                        bytes <= settings.resident_bytes_max || bytes == paged.body_size as u64
+                        bytes <= bytes_max || bytes == paged.body_size as u64
                     })
                     .map(|paged| (*paged, journal.resolve(paged.offset, paged.location())))
                     .collect();
@@ -987,7 +1098,7 @@ impl Queue {
                 match message {
                     Ok(message) => {
                         state.resident_bytes += paged.body_size as u64;
-                        state.ready.push_back(QueuedMessage {
+                        state.ready.push_read_back(QueuedMessage {
                             offset: paged.offset,
                             message: Arc::new(message),
                             redelivered: paged.redelivered(),
@@ -1137,12 +1248,8 @@ impl Queue {
             let body_size = entry.message.body_size() as u64;
             state.ready_bytes += body_size;
             state.resident_bytes += body_size;
-            // Requeues are usually of the oldest messages: search from the
-            // front. Every paged message is newer than a delivered one.
-            let position = state
-                .ready
-                .partition_point(|queued| queued.offset < entry.offset);
-            state.ready.insert(position, entry);
+            // Every paged message is newer than a delivered one.
+            state.ready.insert_by_offset(entry);
         }
         self.dispatch_locked(&mut state);
         self.unlock(state);
@@ -1156,7 +1263,10 @@ impl Queue {
                 self.name, self.vhost
             )));
         }
-        let exclusive_in_use = consumer.exclusive && !state.consumers.is_empty()
+        // RabbitMQ refuses an exclusive consumer on a single-active-consumer
+        // queue whether or not it has consumers (`exclusive_consume_unavailable`).
+        let exclusive_in_use = consumer.exclusive
+            && (self.single_active_consumer || !state.consumers.is_empty())
             || state.consumers.iter().any(|existing| existing.exclusive);
         if exclusive_in_use {
             return Err(AmqpError::access_refused(format!(
@@ -1168,10 +1278,17 @@ impl Queue {
             // Flow measures the backlog's growth from where it is now.
             state.flow_floor = (state.ready_count() as u64, state.ready_bytes);
         }
-        let position = state
-            .consumers
-            .partition_point(|existing| existing.priority >= consumer.priority);
-        state.consumers.insert(position, consumer);
+        if self.single_active_consumer {
+            // The first consumer registered is the active one, whatever the
+            // priorities (RabbitMQ 3.10's `basic_consume`); the others wait
+            // in registration order.
+            state.consumers.push(consumer);
+        } else {
+            let position = state
+                .consumers
+                .partition_point(|existing| existing.priority >= consumer.priority);
+            state.consumers.insert(position, consumer);
+        }
         state.had_consumer = true;
         // No dispatch here: the caller sends consume-ok first, then calls
         // dispatch, so deliveries never overtake the consume-ok.
@@ -1191,6 +1308,11 @@ impl Queue {
                 && &*consumer.tag == tag
         })?;
         let consumer = state.consumers.remove(index);
+        let active_consumer_changed =
+            self.single_active_consumer && index == 0 && !state.consumers.is_empty();
+        if active_consumer_changed {
+            Self::promote_next_active(&mut state.consumers);
+        }
         self.update_congestion(&mut state);
         if let Some(expires) = self.expiry.expires_us {
             if state.consumers.is_empty() {
@@ -1207,14 +1329,45 @@ impl Queue {
         Some(ConsumerRemoved {
             consumer,
             queue_now_unused,
+            active_consumer_changed,
         })
+    }
+
+    /// Makes the next consumer of a single-active-consumer queue active:
+    /// the one with the highest priority, the earliest registered among
+    /// equals, as RabbitMQ 3.10 picks it (`rabbit_queue_consumers:
+    /// get_consumer`, the head of its consumer priority queue). Without
+    /// priorities that is registration order. The others keep their order.
+    fn promote_next_active(consumers: &mut Vec<Arc<Consumer>>) {
+        let mut next = 0;
+        for (index, consumer) in consumers.iter().enumerate() {
+            if consumer.priority > consumers[next].priority {
+                next = index;
+            }
+        }
+        if next != 0 {
+            let active = consumers.remove(next);
+            consumers.insert(0, active);
+        }
+    }
+
+    /// The tag of the consumer receiving messages in a single-active-consumer
+    /// queue; None in other queues and while it has no consumer.
+    pub fn active_consumer_tag(&self) -> Option<Arc<str>> {
+        if !self.single_active_consumer {
+            return None;
+        }
+        self.lock()
+            .consumers
+            .first()
+            .map(|consumer| Arc::clone(&consumer.tag))
     }
 
     /// Drops every ready message; messages out with consumers stay out.
     pub fn purge(self: &Arc<Self>) -> u32 {
         let mut state = self.lock();
         let purged = state.ready_count() as u32;
-        let ready = std::mem::take(&mut state.ready);
+        let ready = state.ready.take_all();
         state.forget(&ready);
         let paged = std::mem::take(&mut state.paged);
         state.forget_paged(&paged);

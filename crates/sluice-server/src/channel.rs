@@ -893,8 +893,11 @@ impl Channel {
                     .is_some_and(|consumer| consumer.tag.as_ref() == tag)
                 {
                     self.cancel_reply_consumer(context);
-                } else {
-                    self.cancel_consumer(context, tag);
+                } else if let Some(queue) = self.cancel_consumer(context, tag) {
+                    // Its unacked messages stay with the channel (basic.cancel
+                    // does not requeue them): the new active consumer takes
+                    // the ready ones now.
+                    queue.dispatch();
                 }
                 if !cancel.nowait {
                     self.reply(
@@ -1077,18 +1080,19 @@ impl Channel {
         }
     }
 
-    fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) {
-        let Some(entry) = self.consumers.remove(tag) else {
-            return; // cancelling an unknown tag succeeds, as in RabbitMQ
-        };
-        if let Some(removed) = entry
+    /// Removes a consumer from its queue. Returns the queue when it is a
+    /// single-active-consumer queue whose active consumer this was: the
+    /// caller dispatches it, after requeueing what is to be requeued.
+    fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) -> Option<Arc<Queue>> {
+        // Cancelling an unknown tag succeeds, as in RabbitMQ.
+        let entry = self.consumers.remove(tag)?;
+        let removed = entry
             .queue
-            .remove_consumer(context.connection_id, self.id, tag)
-        {
-            if removed.queue_now_unused {
-                context.vhost.remove_queue(&entry.queue);
-            }
+            .remove_consumer(context.connection_id, self.id, tag)?;
+        if removed.queue_now_unused {
+            context.vhost.remove_queue(&entry.queue);
         }
+        removed.active_consumer_changed.then_some(entry.queue)
     }
 
     fn handle_tx_method(
@@ -1179,10 +1183,20 @@ impl Channel {
         self.cancel_reply_consumer(context);
         let unacked = self.deliveries.close();
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
+        let mut new_active: Vec<Arc<Queue>> = Vec::new();
         for tag in tags {
-            self.cancel_consumer(context, &tag);
+            if let Some(queue) = self.cancel_consumer(context, &tag) {
+                new_active.push(queue);
+            }
         }
+        // Requeued first, then dispatched: a single-active-consumer queue's
+        // new active consumer gets the old one's unacked messages before
+        // anything behind them, as RabbitMQ's `handle_ch_down` requeues
+        // before it runs the queue.
         requeue_by_queue(unacked);
+        for queue in new_active {
+            queue.dispatch();
+        }
         self.content = None;
         self.tx = None;
     }
