@@ -101,8 +101,74 @@ def main(uri: str) -> None:
     print("tx publish + commit")
 
     tx.close()
+    queue_features(conn)
     conn.close()
     print("closed cleanly")
+
+
+def queue_features(conn) -> None:
+    """TTL with dead-lettering, priorities, direct reply-to and single active consumer."""
+    ch = conn.channel()
+    # Expired messages go to the dead-letter exchange with RabbitMQ's x-death header.
+    ch.queue_declare("interop.dead", exclusive=True)
+    ch.queue_declare("interop.ttl", exclusive=True, arguments={
+        "x-message-ttl": 50, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "interop.dead"})
+    ch.basic_publish("", "interop.ttl", b"expires")
+    for _ in range(50):
+        method, props, body = ch.basic_get("interop.dead", auto_ack=True)
+        if method is not None:
+            break
+        conn.sleep(0.05)
+    assert method is not None and body == b"expires", "expired message not dead-lettered"
+    death = props.headers["x-death"][0]
+    assert death["reason"] == "expired" and death["queue"] == "interop.ttl", death
+    assert death["count"] == 1 and props.headers["x-first-death-reason"] == "expired", props.headers
+    print("x-message-ttl expiry dead-lettered with x-death")
+
+    # Priority queue: the higher priority is delivered first.
+    ch.queue_declare("interop.priority", exclusive=True, arguments={"x-max-priority": 5})
+    for priority, body in ((1, b"low"), (5, b"high"), (3, b"middle")):
+        ch.basic_publish("", "interop.priority", body, pika.BasicProperties(priority=priority))
+    order = [ch.basic_get("interop.priority", auto_ack=True)[2] for _ in range(3)]
+    assert order == [b"high", b"middle", b"low"], order
+    print("x-max-priority delivers by priority")
+
+    # Direct reply-to: an RPC round trip with no reply queue.
+    replies = []
+    ch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append((p, b)),
+                     auto_ack=True)
+    ch.queue_declare("interop.rpc", exclusive=True)
+    ch.basic_publish("", "interop.rpc", b"ping",
+                     pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    method, props, body = ch.basic_get("interop.rpc", auto_ack=True)
+    assert props.reply_to.startswith("amq.rabbitmq.reply-to."), props.reply_to
+    ch.basic_publish("", props.reply_to, b"pong")
+    while not replies:
+        conn.process_data_events(time_limit=0.1)
+    assert replies[0][1] == b"pong", replies
+    print("direct reply-to round trip")
+
+    # Single active consumer: only the first consumer receives; the next takes over.
+    first, second = conn.channel(), conn.channel()
+    ch.queue_declare("interop.sac", auto_delete=True,
+                     arguments={"x-single-active-consumer": True})
+    got = {"first": [], "second": []}
+    first.basic_consume("interop.sac", lambda c, m, p, b: got["first"].append(b), auto_ack=True)
+    second.basic_consume("interop.sac", lambda c, m, p, b: got["second"].append(b), auto_ack=True)
+    for i in range(3):
+        ch.basic_publish("", "interop.sac", f"sac-{i}".encode())
+    while len(got["first"]) < 3:
+        conn.process_data_events(time_limit=0.1)
+    assert not got["second"], got
+    first.close()
+    ch.basic_publish("", "interop.sac", b"sac-after")
+    while not got["second"]:
+        conn.process_data_events(time_limit=0.1)
+    assert got["second"] == [b"sac-after"], got
+    second.close()
+    ch.close()
+    print("single active consumer fails over to the next consumer")
 
 
 if __name__ == "__main__":
