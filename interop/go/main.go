@@ -160,7 +160,61 @@ func main() {
 	fmt.Println("tx publish + commit")
 
 	check(tx.Close(), "tx channel close")
+	queueFeatures(ctx, conn)
 	check(ch.Close(), "channel close")
 	check(conn.Close(), "connection close")
 	fmt.Println("closed cleanly")
+}
+
+// queueFeatures checks dead-lettering with x-death and priority queues.
+func queueFeatures(ctx context.Context, conn *amqp.Connection) {
+	ch, err := conn.Channel()
+	check(err, "channel")
+	_, err = ch.QueueDeclare("interop.go.dead", false, false, true, false, nil)
+	check(err, "queue.declare dead")
+	_, err = ch.QueueDeclare("interop.go.work", false, false, true, false, amqp.Table{
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": "interop.go.dead",
+	})
+	check(err, "queue.declare work")
+	check(ch.PublishWithContext(ctx, "", "interop.go.work", false, false, amqp.Publishing{Body: []byte("rejected")}), "publish")
+	d, ok, err := ch.Get("interop.go.work", false)
+	check(err, "basic.get")
+	assert(ok, "nothing to reject")
+	check(d.Reject(false), "basic.reject")
+	var dead amqp.Delivery
+	for i := 0; i < 50; i++ {
+		dead, ok, err = ch.Get("interop.go.dead", true)
+		check(err, "basic.get dead")
+		if ok {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert(ok && string(dead.Body) == "rejected", "rejected message not dead-lettered")
+	deaths, _ := dead.Headers["x-death"].([]interface{})
+	assert(len(deaths) == 1, "x-death: %v", dead.Headers)
+	death, _ := deaths[0].(amqp.Table)
+	assert(death["reason"] == "rejected" && death["queue"] == "interop.go.work", "x-death entry: %v", death)
+	assert(dead.Headers["x-first-death-reason"] == "rejected", "x-first-death-reason: %v", dead.Headers)
+	fmt.Println("reject without requeue dead-lettered with x-death")
+
+	_, err = ch.QueueDeclare("interop.go.priority", false, false, true, false, amqp.Table{"x-max-priority": int32(5)})
+	check(err, "queue.declare priority")
+	for _, m := range []struct {
+		priority uint8
+		body     string
+	}{{1, "low"}, {5, "high"}, {3, "middle"}} {
+		check(ch.PublishWithContext(ctx, "", "interop.go.priority", false, false, amqp.Publishing{Priority: m.priority, Body: []byte(m.body)}), "publish")
+	}
+	var order []string
+	for i := 0; i < 3; i++ {
+		d, ok, err := ch.Get("interop.go.priority", true)
+		check(err, "basic.get priority")
+		assert(ok, "priority queue ran dry after %d", i)
+		order = append(order, string(d.Body))
+	}
+	assert(strings.Join(order, ",") == "high,middle,low", "priority order: %v", order)
+	fmt.Println("x-max-priority delivers by priority")
+	check(ch.Close(), "channel close")
 }
