@@ -53,6 +53,19 @@ pub struct QueuedMessage {
     pub expires_at_us: u64,
 }
 
+impl QueuedMessage {
+    /// A paged message back in memory, read from its journal record.
+    fn read_back(paged: PagedMessage, message: Message, expires_at_us: u64) -> Self {
+        QueuedMessage {
+            offset: paged.offset,
+            message: Arc::new(message),
+            redelivered: paged.redelivered(),
+            segment: Some(paged.segment()),
+            expires_at_us,
+        }
+    }
+}
+
 /// What a queue was declared with; compared on redeclaration.
 #[derive(Clone, Debug)]
 pub struct QueueOptions {
@@ -582,13 +595,6 @@ impl Queue {
         queue
     }
 
-    pub fn is_durable_store(&self) -> bool {
-        self.lock()
-            .journal
-            .as_ref()
-            .is_some_and(|journal| journal.is_durable())
-    }
-
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // A panic while holding the lock leaves counts possibly off by one,
         // never memory unsafe; keep serving rather than poison every user.
@@ -915,13 +921,7 @@ impl Queue {
             state.ready_bytes -= paged.body_size as u64;
             match self.read_paged(&state, &paged) {
                 Some(message) => {
-                    break Some(QueuedMessage {
-                        offset: paged.offset,
-                        message: Arc::new(message),
-                        redelivered: paged.redelivered(),
-                        segment: Some(paged.segment()),
-                        expires_at_us,
-                    })
+                    break Some(QueuedMessage::read_back(paged, message, expires_at_us))
                 }
                 None => state.forget_paged([&paged]),
             }
@@ -978,13 +978,11 @@ impl Queue {
             match self.read_paged(state, &paged) {
                 Some(message) => {
                     state.resident_bytes += paged.body_size as u64;
-                    state.ready.push_read_back(QueuedMessage {
-                        offset: paged.offset,
-                        message: Arc::new(message),
-                        redelivered: paged.redelivered(),
-                        segment: Some(paged.segment()),
+                    state.ready.push_read_back(QueuedMessage::read_back(
+                        paged,
+                        message,
                         expires_at_us,
-                    });
+                    ));
                 }
                 None => {
                     state.ready_bytes -= paged.body_size as u64;
@@ -1098,13 +1096,11 @@ impl Queue {
                 match message {
                     Ok(message) => {
                         state.resident_bytes += paged.body_size as u64;
-                        state.ready.push_read_back(QueuedMessage {
-                            offset: paged.offset,
-                            message: Arc::new(message),
-                            redelivered: paged.redelivered(),
-                            segment: Some(paged.segment()),
+                        state.ready.push_read_back(QueuedMessage::read_back(
+                            *paged,
+                            message,
                             expires_at_us,
-                        });
+                        ));
                     }
                     Err(error) => {
                         tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
@@ -1398,14 +1394,6 @@ impl Queue {
 
     pub fn ready_bytes(&self) -> u64 {
         self.lock().ready_bytes
-    }
-
-    /// Segments in the queue's journal holding live messages.
-    pub fn journal_segment_count(&self) -> usize {
-        self.lock()
-            .journal
-            .as_ref()
-            .map_or(0, |journal| journal.segment_count())
     }
 
     /// Marks the queue deleted and empties it. Returns the consumers, whom

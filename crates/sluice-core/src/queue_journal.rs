@@ -86,6 +86,8 @@ pub struct QueueJournal {
     reclaim_after: Option<Sequence>,
     /// A run of sparse segments is waiting for compaction.
     compaction_wanted: bool,
+    /// Where the last message was written in offset order (not moved).
+    last_native_segment: u64,
 }
 
 /// A queue rebuilt from its journal.
@@ -242,13 +244,14 @@ fn live_messages(
 impl QueueJournal {
     fn new(log: Arc<LogBuffer>, group: Arc<GroupCommit>, durable: bool) -> Self {
         QueueJournal {
-            log,
             group,
             durable,
             liveness: BTreeMap::new(),
             relocated: HashMap::new(),
             reclaim_after: None,
             compaction_wanted: false,
+            last_native_segment: log.head_segment(),
+            log,
         }
     }
 
@@ -396,10 +399,13 @@ impl QueueJournal {
         offset: u64,
         message: &Message,
     ) -> Option<(Location, Sequence)> {
-        let head_segment = self.log.head_segment();
+        // The segment of the previous native append stands in for the head
+        // (no lock of the log per message). When the log has rolled since,
+        // the head's bitmap is empty or younger, so a new segment started
+        // here is at worst one more than needed, never one too few.
         if self
             .liveness
-            .get(&head_segment)
+            .get(&self.last_native_segment)
             .is_some_and(|liveness| liveness.would_exceed_span(offset))
         {
             self.log.start_new_segment();
@@ -415,6 +421,7 @@ impl QueueJournal {
             .entry(location.segment)
             .or_default()
             .mark_live(offset);
+        self.last_native_segment = location.segment;
         Some((location, sequence))
     }
 
@@ -651,11 +658,6 @@ impl QueueJournal {
     /// The sequence the moved copies wait for, if any.
     pub fn reclaim_waits_for(&self) -> Option<Sequence> {
         self.reclaim_after
-    }
-
-    /// Segment files of this journal, for tests and reports.
-    pub fn segment_count(&self) -> usize {
-        self.liveness.len()
     }
 
     /// The queue was deleted: its journal goes with it.
