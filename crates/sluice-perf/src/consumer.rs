@@ -2,7 +2,7 @@
 //! server-named one bound with the run's routing key, as PerfTest does), and acks one by
 //! one, every N with `multiple`, or none with `--autoack`.
 //!
-//! Acks are handed to lapin without waiting for them to be written (see `run`).
+//! Acks are queued on the channel without waiting for them to be written (see `run`).
 //!
 //! Latency is taken when the delivery arrives, from the timestamp in the body
 //! ([`crate::body`]); `--consumer-rate` then paces the consumer before it acks, as
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures_lite::{future, StreamExt as _};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, Consumer as LapinConsumer};
+use lapin::{Channel, Connection, Consumer as LapinConsumer};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -26,6 +26,8 @@ use crate::PerfError;
 
 pub struct Consumer {
     pub connection: Connection,
+    /// Acks go through the channel, not the delivery's `Acker` (see `run`).
+    channel: Channel,
     deliveries: LapinConsumer,
     autoack: bool,
     /// Ack with `multiple` every this many deliveries; 1 acks each one.
@@ -93,6 +95,7 @@ impl Consumer {
             .map_err(PerfError::amqp("basic.consume"))?;
         Ok(Consumer {
             connection,
+            channel,
             deliveries,
             autoack: workload.autoack,
             ack_every: workload.multi_ack_every.unwrap_or(1).max(1),
@@ -146,12 +149,19 @@ impl Consumer {
             }
             unacked += 1;
             if unacked >= self.ack_every {
-                // The first poll hands the ack to lapin's I/O thread; waiting for it to be
-                // written would cost two thread hand-offs per message. A failed ack means
-                // the channel is gone, which the delivery stream reports next.
-                let ack = delivery.acker.ack(BasicAckOptions {
-                    multiple: self.ack_every > 1,
-                });
+                // The first poll queues the ack frame on the channel, in order; waiting
+                // for it to be written would cost two thread hand-offs per message.
+                // `Acker::ack` is not used: lapin spawns a task per acker call, so two
+                // multiple acks can reach the wire in either order, and the broker
+                // rightly refuses the older one with 406 "unknown delivery tag".
+                // A failed ack means the channel is gone, which the delivery stream
+                // reports next.
+                let ack = self.channel.basic_ack(
+                    delivery.delivery_tag,
+                    BasicAckOptions {
+                        multiple: self.ack_every > 1,
+                    },
+                );
                 if let Some(Err(err)) = future::poll_once(ack).await {
                     return Err(PerfError::amqp("basic.ack")(err));
                 }

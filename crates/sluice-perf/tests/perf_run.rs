@@ -203,3 +203,32 @@ async fn perf_sweep_runs_each_point_and_draws_the_charts() {
         assert_png(&output.0.join(format!("sweep-{chart}.png")));
     }
 }
+
+/// Multiple acks must reach the broker in the order they were made: an older one arriving
+/// after a newer one names a tag already settled, and the broker closes the channel with
+/// 406. Unthrottled, with an ack every two deliveries, so many acks are in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multiple_acks_reach_the_broker_in_order() {
+    let data = TempDir::new("data");
+    let server = start_server(&data.0).await;
+    let uri = format!("amqp://guest:guest@{}", server.local_address);
+    let results = sluice_perf::execute(args(&[
+        "--uri",
+        &uri,
+        "--producers",
+        "2",
+        "--consumers",
+        "4",
+        "--qos",
+        "20",
+        "--multi-ack-every",
+        "2",
+        "--time",
+        "2",
+        "--no-progress",
+    ]))
+    .await
+    .expect("no ack is refused");
+    server.stop().await;
+    assert!(results[0].summary.consumed > 1000, "{:?}", results[0].summary);
+}
