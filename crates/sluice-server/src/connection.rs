@@ -60,6 +60,13 @@ pub struct Connection {
     alarms: watch::Receiver<Alarms>,
     /// Whether the frames handled since the last alarm check held a publish.
     published_since_alarm_check: bool,
+    /// Publishes handled in the current batch. At `publish_credit` the batch
+    /// ends, even with frames still buffered: the reader checks its queues'
+    /// congestion and the alarms, and lets other connections run.
+    publishes_in_batch: u32,
+    /// `credit_flow_default_credit`: publishes a reader may route between
+    /// two looks at its queues' congestion.
+    publish_credit: u32,
     /// Where this connection reports its flow pauses and blocks.
     registration: Registration,
 }
@@ -151,6 +158,8 @@ pub async fn serve(
         congested_queues: Vec::new(),
         alarms,
         published_since_alarm_check: false,
+        publishes_in_batch: 0,
+        publish_credit: settings.publish_credit,
         registration,
     };
     connection.run(&mut reader, &mut shutdown).await;
@@ -199,7 +208,13 @@ impl Connection {
             // Handle every frame already read, then flush their confirms;
             // writers woken by it all are woken once, at the end.
             let wake_batch = WakeBatch::begin();
+            self.publishes_in_batch = 0;
+            let mut credit_spent = false;
             loop {
+                if self.publishes_in_batch >= self.publish_credit {
+                    credit_spent = true;
+                    break;
+                }
                 match reader.next_buffered() {
                     Ok(Some(frame)) => match self.handle_frame(frame) {
                         Flow::Continue => {}
@@ -230,6 +245,14 @@ impl Connection {
             self.context.outbox.wait_below_reader_pause().await;
             if self.context.outbox.is_broken() {
                 return;
+            }
+            // A reader whose socket always has data and whose queues take
+            // everything (they have no consumers) would otherwise run for
+            // tokio's whole cooperative budget, a hundred reads, before other
+            // connections, handshakes and consumers, get a turn.
+            tokio::task::yield_now().await;
+            if credit_spent {
+                continue;
             }
             let timeout = if self.closing {
                 Some(Duration::from_millis(CLOSE_OK_TIMEOUT_MS))
@@ -577,6 +600,7 @@ impl Connection {
         let result = match method {
             Method::Publish(publish) => {
                 self.published_since_alarm_check = true;
+                self.publishes_in_batch += 1;
                 channel.handle_publish(publish)
             }
             Method::Ack(ack) => channel.handle_ack(ack),

@@ -102,6 +102,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
         let _ = durable_rounds_sender.send(round);
     });
+    group_commit.set_write_budget(config.store.write_buffer_total_max);
     let (store, definitions) = DefinitionStore::open(
         &config.data_dir,
         Arc::clone(&group_commit),

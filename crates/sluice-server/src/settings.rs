@@ -10,6 +10,7 @@ pub struct ServerSettings {
     pub channel_max: u16,
     pub heartbeat_secs: u16,
     pub max_message_size: u32,
+    pub publish_credit: u32,
     pub handshake_timeout: Duration,
     pub cluster_name: String,
 }
@@ -21,6 +22,7 @@ impl ServerSettings {
             channel_max: config.channel_max,
             heartbeat_secs: config.heartbeat_secs,
             max_message_size: config.max_message_size,
+            publish_credit: config.credit_flow_default_credit,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             cluster_name: format!("sluice@{}", hostname()),
         }

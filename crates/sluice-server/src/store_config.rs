@@ -7,13 +7,32 @@ use std::time::Duration;
 use sluice_core::paging::{StoreSettings, SEGMENT_SIZE_BYTES_MAX};
 
 /// Storage settings from the configuration file.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
     pub settings: StoreSettings,
     /// Least time between the starts of two sync rounds (`store.sync_interval`,
     /// milliseconds). Default 0: a round starts as soon as anything waits,
     /// and batches grow with the fsync's own duration.
     pub sync_interval: Duration,
+    /// Bytes all queue journals together may hold unwritten before every
+    /// queue adding to them pauses its publishers
+    /// (`store.write_buffer_total_max`): the per-queue bound alone would let
+    /// a node's memory grow with its number of queues.
+    pub write_buffer_total_max: u64,
+}
+
+/// Twice the per-queue default: one queue may use its whole buffer, and a
+/// burst across hundreds of queues still stops at this.
+pub const WRITE_BUFFER_TOTAL_MAX_DEFAULT: u64 = 128 * 1024 * 1024;
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            settings: StoreSettings::default(),
+            sync_interval: Duration::ZERO,
+            write_buffer_total_max: WRITE_BUFFER_TOTAL_MAX_DEFAULT,
+        }
+    }
 }
 
 /// Keys handled here, for the parser's typo suggestions.
@@ -23,6 +42,7 @@ pub const STORE_KEYS: &[&str] = &[
     "store.read_ahead_messages",
     "store.read_ahead_bytes",
     "store.write_buffer_max",
+    "store.write_buffer_total_max",
 ];
 
 /// Segments smaller than this would roll over every few messages.
@@ -75,6 +95,10 @@ pub fn apply(
             .filter(|bytes| *bytes > 0)
             .map(|bytes| settings.unwritten_bytes_max = bytes)
             .ok_or_else(|| "expected a positive size, e.g. 64MiB".to_owned()),
+        "store.write_buffer_total_max" => parse_bytes(value)
+            .filter(|bytes| *bytes > 0)
+            .map(|bytes| config.write_buffer_total_max = bytes)
+            .ok_or_else(|| "expected a positive size, e.g. 128MiB".to_owned()),
         _ => return None,
     };
     Some(result)
@@ -87,7 +111,7 @@ mod tests {
     #[test]
     fn store_keys_set_the_store_settings() {
         let config = Config::parse(
-            "store.segment_size = 16MiB\nstore.sync_interval = 5\nstore.read_ahead_messages = 500\nstore.read_ahead_bytes = 2MiB\nstore.write_buffer_max = 32MB\n",
+            "store.segment_size = 16MiB\nstore.sync_interval = 5\nstore.read_ahead_messages = 500\nstore.read_ahead_bytes = 2MiB\nstore.write_buffer_max = 32MB\nstore.write_buffer_total_max = 1GiB\n",
             Config::default(),
         )
         .unwrap();
@@ -97,6 +121,7 @@ mod tests {
         assert_eq!(settings.resident_messages_max, 500);
         assert_eq!(settings.resident_bytes_max, 2 << 20);
         assert_eq!(settings.unwritten_bytes_max, 32_000_000);
+        assert_eq!(config.store.write_buffer_total_max, 1 << 30);
     }
 
     #[test]

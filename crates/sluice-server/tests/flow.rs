@@ -188,3 +188,62 @@ async fn flow_connection_consuming_its_own_queue_is_never_paused() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// The node-wide write budget: with a budget of one byte, every queue that
+/// pages pauses its publishers after each append until the sync thread has
+/// written it out. Publishers into several queues must all still finish
+/// (each pause ends), spending time in flow on the way, and every message
+/// must be there and readable back from disk.
+#[tokio::test]
+async fn flow_write_budget_pauses_paging_queues_and_always_resumes_them() {
+    let server = TestServer::start_with(|config| {
+        config.store.write_buffer_total_max = 1;
+        config.store.settings.resident_messages_max = 16;
+    })
+    .await;
+    let (connection, channel) = open(&server).await;
+    const QUEUES: [&str; 3] = ["budget-1", "budget-2", "budget-3"];
+    for queue in QUEUES {
+        declare(&channel, queue).await;
+    }
+    let publishers: Vec<_> = QUEUES
+        .iter()
+        .map(|queue| publish_in_background(&server, queue))
+        .collect();
+    let mut longest_flow_ms = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !publishers.iter().all(|publisher| publisher.is_finished()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a publisher paused over the write budget never resumed"
+        );
+        for snapshot in server.running().connections() {
+            longest_flow_ms = longest_flow_ms.max(snapshot.time_in_flow_ms);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for publisher in publishers {
+        publisher.await.unwrap();
+    }
+    assert!(longest_flow_ms > 0, "no publisher was ever paused");
+    for queue in QUEUES {
+        assert_eq!(message_count(&server, queue).await as usize, MESSAGES);
+    }
+    let mut consumer = channel
+        .basic_consume(
+            QUEUES[0].into(),
+            "drain".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..MESSAGES {
+        next_delivery(&mut consumer).await;
+    }
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

@@ -89,6 +89,10 @@ impl Drop for LogBuffer {
     }
 }
 
+/// How often an idle sync thread checks whether writers paused over the write
+/// budget may resume (see [`GroupCommit::when_write_budget_drained`]).
+const BUDGET_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
 /// What the sync thread calls when a log's buffer was written out.
 pub type WrittenSignal = Box<dyn Fn() + Send + Sync>;
 
@@ -211,6 +215,9 @@ impl LogBuffer {
         }
         pending.head_size += length as u64;
         self.unwritten_bytes
+            .fetch_add(length as u64, Ordering::Relaxed);
+        group
+            .unwritten_total
             .fetch_add(length as u64, Ordering::Relaxed);
         let sequence = pending.next_sequence;
         pending.next_sequence += 1;
@@ -441,10 +448,13 @@ impl LogBuffer {
     /// One sync round for this log: write what is buffered, fdatasync each
     /// segment written, then advance the synced sequence. Counts its
     /// fsyncs and the durable appends they covered into `stats`.
-    fn write_and_sync(&self, stats: &SyncStats) -> Result<(), StoreError> {
+    fn write_and_sync(&self, group: &GroupCommit) -> Result<(), StoreError> {
+        let stats = &group.stats;
         let (chunks, last_sequence, needs_sync, durable_appends) = {
             let mut pending = lock(&self.pending);
             if pending.destroyed {
+                // Its buffered appends were dropped with it.
+                group.forget_unwritten(self.unwritten_bytes.swap(0, Ordering::Relaxed));
                 return Ok(());
             }
             let chunks: Vec<(u64, u64, Bytes)> = std::mem::take(&mut pending.chunks)
@@ -473,6 +483,7 @@ impl LogBuffer {
         lock(&self.pending).writing.clear();
         self.unwritten_bytes
             .fetch_sub(written_bytes, Ordering::Relaxed);
+        group.forget_unwritten(written_bytes);
         // Every append that needs the disk set `needs_sync`; when none did,
         // the sequence still advances: all earlier durable appends were
         // synced by earlier rounds.
@@ -492,12 +503,12 @@ impl LogBuffer {
         Ok(())
     }
 
-    fn mark_failed(&self) {
+    fn mark_failed(&self, group: &GroupCommit) {
         let mut pending = lock(&self.pending);
         pending.failed = true;
         pending.chunks.clear();
         pending.writing.clear();
-        self.unwritten_bytes.store(0, Ordering::Relaxed);
+        group.forget_unwritten(self.unwritten_bytes.swap(0, Ordering::Relaxed));
     }
 }
 
@@ -520,6 +531,15 @@ pub struct GroupCommit {
     /// Rounds start at most this often: a longer interval gathers more
     /// appends into each fsync, for disks where an fsync is expensive.
     sync_interval: Duration,
+    /// Bytes appended to any log and not yet written: the node's memory
+    /// waiting on its disk.
+    unwritten_total: AtomicU64,
+    /// The node-wide bound on `unwritten_total` that writers check with
+    /// [`GroupCommit::is_over_write_budget`]; u64::MAX is none.
+    unwritten_total_max: AtomicU64,
+    /// Called once `unwritten_total` is back to half the bound, for writers
+    /// that paused over it.
+    budget_waiters: Mutex<Vec<WrittenSignal>>,
 }
 
 /// How many rounds have completed; readers compare it to know when to look
@@ -543,6 +563,9 @@ impl GroupCommit {
             stop: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             thread: Mutex::new(None),
+            unwritten_total: AtomicU64::new(0),
+            unwritten_total_max: AtomicU64::new(u64::MAX),
+            budget_waiters: Mutex::new(Vec::new()),
         });
         let worker = Arc::clone(&group);
         let thread = std::thread::Builder::new()
@@ -562,6 +585,58 @@ impl GroupCommit {
         self.rounds.load(Ordering::Acquire)
     }
 
+    /// Bounds the bytes all logs together may hold unwritten: past it,
+    /// writers are expected to pause (see [`GroupCommit::is_over_write_budget`]).
+    /// Per-log bounds alone would let the total grow with the number of logs.
+    pub fn set_write_budget(&self, unwritten_total_max: u64) {
+        self.unwritten_total_max
+            .store(unwritten_total_max, Ordering::Relaxed);
+    }
+
+    /// Bytes appended to any log of this group and not yet written.
+    pub fn unwritten_total(&self) -> u64 {
+        self.unwritten_total.load(Ordering::Relaxed)
+    }
+
+    /// Whether the logs together hold more unwritten than the write budget.
+    pub fn is_over_write_budget(&self) -> bool {
+        self.unwritten_total() > self.unwritten_total_max.load(Ordering::Relaxed)
+    }
+
+    /// Whether the unwritten total is down to half the budget: writers that
+    /// paused over it may resume. The gap keeps them from flapping.
+    pub fn is_write_budget_drained(&self) -> bool {
+        self.unwritten_total() <= self.unwritten_total_max.load(Ordering::Relaxed) / 2
+    }
+
+    /// Calls `signal` from the sync thread once the unwritten total is down
+    /// to half the budget. Never inline, so the caller may hold its own
+    /// locks; while signals wait, an idle sync thread looks every
+    /// `BUDGET_POLL_INTERVAL`.
+    pub fn when_write_budget_drained(&self, signal: WrittenSignal) {
+        lock(&self.budget_waiters).push(signal);
+        // The last write may have drained the budget just before the push,
+        // with the sync thread then going idle: wake it to look again.
+        // Under `dirty`, which the thread holds from its look at the
+        // waiters until it waits, so the wake-up cannot fall in between.
+        let _dirty = lock(&self.dirty);
+        self.wake.notify_one();
+    }
+
+    fn forget_unwritten(&self, bytes: u64) {
+        self.unwritten_total.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    fn signal_budget_waiters(&self) {
+        if !self.is_write_budget_drained() {
+            return;
+        }
+        let waiters = std::mem::take(&mut *lock(&self.budget_waiters));
+        for signal in waiters {
+            signal();
+        }
+    }
+
     fn run(&self, on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>])) {
         let mut round_started = Instant::now();
         loop {
@@ -572,10 +647,23 @@ impl GroupCommit {
             let logs = {
                 let mut dirty = lock(&self.dirty);
                 while dirty.is_empty() && !self.stop.load(Ordering::Acquire) {
-                    dirty = self
-                        .wake
-                        .wait(dirty)
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if lock(&self.budget_waiters).is_empty() {
+                        dirty = self
+                            .wake
+                            .wait(dirty)
+                            .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    } else {
+                        dirty = self
+                            .wake
+                            .wait_timeout(dirty, BUDGET_POLL_INTERVAL)
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .0;
+                        // Signals take their writers' locks, which may be
+                        // held by someone appending (and so wanting `dirty`).
+                        drop(dirty);
+                        self.signal_budget_waiters();
+                        dirty = lock(&self.dirty);
+                    }
                 }
                 if dirty.is_empty() {
                     return;
@@ -585,12 +673,13 @@ impl GroupCommit {
             round_started = Instant::now();
             let mut failed = Vec::new();
             for log in &logs {
-                if let Err(error) = log.write_and_sync(&self.stats) {
+                if let Err(error) = log.write_and_sync(self) {
                     tracing::error!(%error, "a log failed to write; its unconfirmed messages will be nacked");
-                    log.mark_failed();
+                    log.mark_failed(self);
                     failed.push(Arc::clone(log));
                 }
                 log.signal_written();
+                self.signal_budget_waiters();
             }
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
             on_round(round, &failed);
@@ -667,6 +756,46 @@ mod tests {
             .enumerate()
             .all(|(index, found)| found.record.payload[0] == index as u8));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn write_budget_counts_every_log_and_signals_when_drained() {
+        let dirs = [
+            crate::log::tests::temp_dir("budget-a"),
+            crate::log::tests::temp_dir("budget-b"),
+        ];
+        let buffers: Vec<Arc<LogBuffer>> = dirs
+            .iter()
+            .map(|dir| LogBuffer::new(SegmentLog::recover_all(dir).unwrap().0, 1 << 20))
+            .collect();
+        // The first round starts only after this interval: the appends below
+        // all wait in memory until then.
+        let group = GroupCommit::start(Duration::from_secs(2), |_, _| {});
+        group.set_write_budget(3000);
+        let payload = vec![1u8; 991]; // 1000 bytes with the record's header
+        for buffer in &buffers {
+            buffer.append_unsynced(&group, 1, &[&payload]).unwrap();
+        }
+        assert_eq!(group.unwritten_total(), 2000);
+        assert!(!group.is_over_write_budget(), "two logs, 2000 of 3000");
+        buffers[0].append_unsynced(&group, 1, &[&payload]).unwrap();
+        buffers[1].append_unsynced(&group, 1, &[&payload]).unwrap();
+        assert!(group.is_over_write_budget(), "4000 across both logs");
+        assert!(!group.is_write_budget_drained());
+        let (drained_sender, drained) = mpsc::channel();
+        group.when_write_budget_drained(Box::new(move || {
+            let _ = drained_sender.send(());
+        }));
+        drained
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the sync round drains the budget and signals");
+        assert_eq!(group.unwritten_total(), 0);
+        assert!(group.is_write_budget_drained());
+        group.stop();
+        drop(buffers);
+        for dir in dirs {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
     }
 
     #[test]
