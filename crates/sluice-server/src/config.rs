@@ -61,6 +61,11 @@ pub struct Config {
     /// connections run (`credit_flow_default_credit`, RabbitMQ's initial
     /// credit: `400` or `{400, 200}`). Default 400, as in RabbitMQ.
     pub credit_flow_default_credit: u32,
+    /// Bytes of deliveries all connections together may hold encoded and not
+    /// yet written to their sockets (`delivery_buffer_total_max`). Past it,
+    /// each connection takes deliveries only up to a 64 KiB floor, so slow
+    /// consumers by the thousand cannot hold a megabyte each. Default 64 MiB.
+    pub delivery_buffer_total_max: u64,
     /// Time allowed from TCP accept to `connection.open`, in milliseconds
     /// (`handshake_timeout`). Default 10000.
     pub handshake_timeout_ms: u64,
@@ -93,6 +98,10 @@ pub struct Config {
     pub load_definitions: Option<PathBuf>,
 }
 
+/// Default `delivery_buffer_total_max`: 64 connections' worth of full
+/// delivery buffers.
+pub const DELIVERY_BUFFER_TOTAL_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
 /// RabbitMQ's default initial credit, `{400, 200}`.
 pub const CREDIT_FLOW_DEFAULT_CREDIT: u32 = 400;
 
@@ -117,6 +126,7 @@ impl Default for Config {
             channel_max: 2047,
             max_message_size: MAX_MESSAGE_SIZE_DEFAULT,
             credit_flow_default_credit: CREDIT_FLOW_DEFAULT_CREDIT,
+            delivery_buffer_total_max: DELIVERY_BUFFER_TOTAL_MAX_DEFAULT,
             handshake_timeout_ms: 10_000,
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: None,
@@ -182,6 +192,7 @@ const KNOWN_KEYS: &[&str] = &[
     "channel_max",
     "max_message_size",
     "credit_flow_default_credit",
+    "delivery_buffer_total_max",
     "handshake_timeout",
     "log.console.level",
     "vm_memory_high_watermark.relative",
@@ -368,6 +379,13 @@ impl Config {
                                 invalid("expected a fraction of the memory available from 0.0 to 1.0, e.g. 0.6")
                             })?,
                     );
+                }
+                "delivery_buffer_total_max" => {
+                    config.delivery_buffer_total_max = parse_information_unit(value)
+                        .filter(|bytes| *bytes > 0)
+                        .ok_or_else(|| {
+                            invalid(&format!("expected a positive number of bytes with an optional unit: {INFORMATION_UNIT_EXAMPLES}"))
+                        })?;
                 }
                 "vm_memory_high_watermark.absolute" => {
                     config.vm_memory_high_watermark_absolute_bytes =
@@ -843,6 +861,15 @@ mod tests {
             let message = error(&format!("credit_flow_default_credit = {value}"));
             assert!(message.contains("expected an initial credit"), "{message}");
         }
+    }
+
+    #[test]
+    fn delivery_buffer_total_max_takes_a_size() {
+        assert_eq!(Config::default().delivery_buffer_total_max, 64 << 20);
+        let config = parse("delivery_buffer_total_max = 16MiB").unwrap();
+        assert_eq!(config.delivery_buffer_total_max, 16 << 20);
+        let message = error("delivery_buffer_total_max = 0");
+        assert!(message.contains("expected a positive number of bytes"), "{message}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::connection_context::ConnectionContext;
 use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, HandshakeError};
+use crate::in_flight::InFlightBytes;
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
 use crate::outbox::{Outbox, WakeBatch};
 use crate::settings::ServerSettings;
@@ -76,6 +77,8 @@ pub struct Connection {
 pub struct ResourceThrottle {
     pub alarms: watch::Receiver<Alarms>,
     pub registry: Arc<ConnectionRegistry>,
+    /// Bytes buffered for consumers across all connections.
+    pub in_flight: Arc<InFlightBytes>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -88,7 +91,11 @@ pub async fn serve(
     durable_rounds: watch::Receiver<u64>,
     throttle: ResourceThrottle,
 ) {
-    let ResourceThrottle { alarms, registry } = throttle;
+    let ResourceThrottle {
+        alarms,
+        registry,
+        in_flight,
+    } = throttle;
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
@@ -123,7 +130,7 @@ pub async fn serve(
     );
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
-    let outbox = Outbox::new();
+    let outbox = Outbox::new(in_flight);
     let consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>> = Arc::new(Mutex::new(Vec::new()));
     let resume_queues = Arc::clone(&consumer_queues);
     let writer = tokio::spawn(

@@ -22,6 +22,7 @@ pub mod connection_registry;
 pub mod delivery;
 pub mod frame_reader;
 pub mod handshake;
+pub mod in_flight;
 pub mod limits;
 pub mod outbox;
 pub mod resource_limit;

@@ -19,6 +19,13 @@ pub const OUTBOX_RETAINED_BYTES_MAX: usize = 256 * 1024;
 /// pin (beyond its prefetch) and keeps write batches large under load.
 pub const OUTBOX_DELIVERY_BYTES_MAX: usize = 1024 * 1024;
 
+/// Past the node-wide bound on bytes in flight to consumers
+/// (`delivery_buffer_total_max`), a connection's buffer still takes
+/// deliveries up to this size: each consumer keeps a share, so one burst
+/// cannot starve the rest, and the total grows by at most this much per
+/// connection beyond the bound.
+pub const OUTBOX_DELIVERY_FLOOR_BYTES: usize = 64 * 1024;
+
 /// The reader stops reading a client's frames while its output buffer holds
 /// more than this: a client that publishes but never reads its socket (and
 /// so never takes its confirms or replies) is slowed down instead of growing
@@ -34,4 +41,5 @@ pub const TX_UNCOMMITTED_BYTES_MAX: usize = 256 * 1024 * 1024;
 pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;
 
 const _: () = assert!(OUTBOX_DELIVERY_BYTES_MAX < OUTBOX_READER_PAUSE_BYTES);
+const _: () = assert!(OUTBOX_DELIVERY_FLOOR_BYTES < OUTBOX_DELIVERY_BYTES_MAX);
 const _: () = assert!(READ_BUFFER_MIN_BYTES < READ_BUFFER_MAX_BYTES);

@@ -16,8 +16,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+use crate::in_flight::InFlightBytes;
 use crate::limits::{
-    OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_READER_PAUSE_BYTES, OUTBOX_RETAINED_BYTES_MAX,
+    OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_DELIVERY_FLOOR_BYTES, OUTBOX_READER_PAUSE_BYTES,
+    OUTBOX_RETAINED_BYTES_MAX,
 };
 
 thread_local! {
@@ -66,11 +68,25 @@ pub struct Outbox {
     closing: AtomicBool,
     /// The socket failed: nothing more can be written.
     broken: AtomicBool,
+    /// Every byte appended counts here until it is written or dropped.
+    in_flight: Arc<InFlightBytes>,
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        // What was never written leaves the count with the buffer.
+        let unwritten = self
+            .buffer
+            .get_mut()
+            .map_or_else(|poisoned| poisoned.into_inner().len(), |buffer| buffer.len());
+        self.in_flight.remove(unwritten);
+    }
 }
 
 impl Outbox {
-    pub fn new() -> Arc<Self> {
+    pub fn new(in_flight: Arc<InFlightBytes>) -> Arc<Self> {
         Arc::new(Outbox {
+            in_flight,
             buffer: Mutex::new(BytesMut::new()),
             has_data: Notify::new(),
             drained: Notify::new(),
@@ -88,7 +104,11 @@ impl Outbox {
 
     /// Appends frames written by `write` and wakes the writer.
     pub fn append(self: &Arc<Self>, write: impl FnOnce(&mut BytesMut)) {
-        write(&mut self.lock());
+        let mut buffer = self.lock();
+        let before = buffer.len();
+        write(&mut buffer);
+        self.in_flight.add(buffer.len() - before);
+        drop(buffer);
         self.wake_writer();
     }
 
@@ -97,11 +117,17 @@ impl Outbox {
     /// deliveries once the writer drains it.
     pub fn append_delivery(self: &Arc<Self>, write: impl FnOnce(&mut BytesMut)) -> bool {
         let mut buffer = self.lock();
-        if buffer.len() >= OUTBOX_DELIVERY_BYTES_MAX || self.broken.load(Ordering::Relaxed) {
+        let before = buffer.len();
+        let full = before >= OUTBOX_DELIVERY_BYTES_MAX
+            || (before >= OUTBOX_DELIVERY_FLOOR_BYTES && self.in_flight.is_over());
+        if full || self.broken.load(Ordering::Relaxed) {
+            // Below the floor the buffer is empty or nearly: its writer is
+            // about to drain it, and then resumes this connection's queues.
             self.deliveries_refused.store(true, Ordering::Release);
             return false;
         }
         write(&mut buffer);
+        self.in_flight.add(buffer.len() - before);
         drop(buffer);
         self.wake_writer();
         true
@@ -179,11 +205,16 @@ impl Outbox {
                 let mut buffer = self.lock();
                 if !woken && buffer.is_empty() {
                     encode_heartbeat(&mut buffer);
+                    self.in_flight.add(buffer.len());
                 }
                 std::mem::replace(&mut *buffer, spare)
             };
+            // Counted until written: a slow socket holds these bytes.
+            let written = pending.len();
             if !pending.is_empty() {
-                if let Err(error) = socket.write_all(&pending).await {
+                let result = socket.write_all(&pending).await;
+                self.in_flight.remove(written);
+                if let Err(error) = result {
                     tracing::debug!(%error, "socket write failed");
                     self.broken.store(true, Ordering::Release);
                     self.drained.notify_waiters();

@@ -17,6 +17,7 @@ use crate::alarm::{AlarmMonitor, Alarms};
 use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
+use crate::in_flight::InFlightBytes;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 
@@ -50,6 +51,7 @@ pub struct RunningServer {
     store: Arc<DefinitionStore>,
     alarm_monitor: AlarmMonitor,
     connections: Arc<ConnectionRegistry>,
+    in_flight: Arc<InFlightBytes>,
 }
 
 impl RunningServer {
@@ -57,6 +59,17 @@ impl RunningServer {
     /// changed while the server runs.
     pub fn alarm_monitor(&self) -> &AlarmMonitor {
         &self.alarm_monitor
+    }
+
+    /// Bytes encoded for consumers and not yet written to their sockets,
+    /// across all connections.
+    pub fn in_flight_delivery_bytes(&self) -> u64 {
+        self.in_flight.total()
+    }
+
+    /// Bytes queue journals hold in memory, waiting for the disk.
+    pub fn unwritten_journal_bytes(&self) -> u64 {
+        self.group_commit.unwritten_total()
     }
 
     /// Every open connection with its flow-control state, oldest first.
@@ -146,6 +159,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
+    let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
     let task = tokio::spawn(accept_loop(
         listener,
@@ -155,6 +169,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         durable_rounds,
         alarms,
         Arc::clone(&connections),
+        Arc::clone(&in_flight),
     ));
     Ok(RunningServer {
         local_address,
@@ -165,6 +180,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         store,
         alarm_monitor,
         connections,
+        in_flight,
     })
 }
 
@@ -176,6 +192,7 @@ async fn accept_loop(
     durable_rounds: watch::Receiver<u64>,
     alarms: watch::Receiver<Alarms>,
     registry: Arc<ConnectionRegistry>,
+    in_flight: Arc<InFlightBytes>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -192,6 +209,7 @@ async fn accept_loop(
                         connection::ResourceThrottle {
                             alarms: alarms.clone(),
                             registry: Arc::clone(&registry),
+                            in_flight: Arc::clone(&in_flight),
                         },
                     ));
                 }

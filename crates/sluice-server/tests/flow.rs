@@ -247,3 +247,86 @@ async fn flow_write_budget_pauses_paging_queues_and_always_resumes_them() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// The node-wide bound on bytes in flight to consumers. Consumers that never
+/// read their sockets would each pin a full delivery buffer (1 MiB); with
+/// the bound exceeded, each takes only the 64 KiB floor, so the total stays
+/// near the bound plus the floor per connection. When they go, nothing is
+/// left counted.
+#[tokio::test]
+async fn flow_deliveries_in_flight_are_bounded_across_connections() {
+    use sluice_server::limits::{OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_DELIVERY_FLOOR_BYTES};
+    use sluice_wire::amq_protocol::protocol::{basic, AMQPClass};
+    use sluice_wire::amq_protocol::types::FieldTable as WireTable;
+    use support::raw::RawClient;
+
+    const STUCK_CONSUMERS: usize = 4;
+    const MESSAGES_PER_QUEUE: usize = 12_000;
+    let server = TestServer::start_with(|config| config.delivery_buffer_total_max = 1).await;
+    let (connection, channel) = open(&server).await;
+    let body = vec![7u8; 1000];
+    for index in 0..STUCK_CONSUMERS {
+        let queue = format!("stuck-{index}");
+        declare(&channel, &queue).await;
+        for _ in 0..MESSAGES_PER_QUEUE {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    message_count(&server, "stuck-0").await; // every publish handled
+    let mut stuck = Vec::new();
+    for index in 0..STUCK_CONSUMERS {
+        let mut client = RawClient::open(server.address).await;
+        client.open_channel(1).await;
+        client
+            .send_method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                    queue: format!("stuck-{index}").as_str().into(),
+                    consumer_tag: "".into(),
+                    no_local: false,
+                    no_ack: true,
+                    exclusive: false,
+                    nowait: true,
+                    arguments: WireTable::default(),
+                })),
+            )
+            .await;
+        // From here the client never reads: the kernel's buffers fill, then
+        // the broker's.
+        stuck.push(client);
+    }
+    let mut peak = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(server.running().in_flight_delivery_bytes());
+    }
+    // A writer may be holding one buffer taken at the floor while the next
+    // fills to it again: two floors and a delivery each.
+    let bound = STUCK_CONSUMERS as u64 * (2 * OUTBOX_DELIVERY_FLOOR_BYTES as u64 + 2048);
+    assert!(
+        peak > 0 && peak <= bound,
+        "in flight peaked at {peak} bytes; bound {bound}"
+    );
+    assert!(bound < STUCK_CONSUMERS as u64 * OUTBOX_DELIVERY_BYTES_MAX as u64);
+    drop(stuck);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.running().in_flight_delivery_bytes() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} bytes still counted after the consumers went",
+            server.running().in_flight_delivery_bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
