@@ -74,6 +74,7 @@ pub struct Connection {
 
 /// What holds a connection back besides its own queues, and where it says
 /// so: the resource alarms, and the registry that lists its state.
+#[derive(Clone)]
 pub struct ResourceThrottle {
     pub alarms: watch::Receiver<Alarms>,
     pub registry: Arc<ConnectionRegistry>,
@@ -256,8 +257,14 @@ impl Connection {
             // A reader whose socket always has data and whose queues take
             // everything (they have no consumers) would otherwise run for
             // tokio's whole cooperative budget, a hundred reads, before other
-            // connections, handshakes and consumers, get a turn.
-            tokio::task::yield_now().await;
+            // connections, handshakes and consumers, get a turn. A read that
+            // filled all the room it had, or a spent credit, says the client
+            // has more queued: let the others run first. A reader that keeps
+            // up with its client waits on the socket anyway, and does not
+            // pay for the yield (it would break up its consumers' writes).
+            if credit_spent || reader.last_read_was_full() {
+                tokio::task::yield_now().await;
+            }
             if credit_spent {
                 continue;
             }

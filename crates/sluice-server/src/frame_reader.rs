@@ -25,6 +25,9 @@ pub struct FrameReader {
     /// How much room the next read gets: doubles while reads fill what they
     /// are offered, halves while they use little of it.
     read_size: usize,
+    /// The last read took all the room it was offered: the socket likely
+    /// has more waiting.
+    last_read_full: bool,
     pub frame_max: u32,
 }
 
@@ -34,6 +37,7 @@ impl FrameReader {
             socket,
             buffer: BytesMut::new(),
             read_size: READ_BUFFER_MIN_BYTES,
+            last_read_full: false,
             frame_max,
         }
     }
@@ -55,7 +59,13 @@ impl FrameReader {
             return Err(ReadError::Closed);
         }
         self.read_size = next_read_size(self.read_size, offered, count);
+        self.last_read_full = count >= offered;
         Ok(count)
+    }
+
+    /// Whether the last read filled all the room it had.
+    pub fn last_read_was_full(&self) -> bool {
+        self.last_read_full
     }
 
     /// The next whole frame already buffered, if any.

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::alarm::{AlarmMonitor, Alarms};
+use crate::alarm::AlarmMonitor;
 use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
@@ -167,9 +167,11 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         settings,
         shutdown_receiver,
         durable_rounds,
-        alarms,
-        Arc::clone(&connections),
-        Arc::clone(&in_flight),
+        connection::ResourceThrottle {
+            alarms,
+            registry: Arc::clone(&connections),
+            in_flight: Arc::clone(&in_flight),
+        },
     ));
     Ok(RunningServer {
         local_address,
@@ -190,9 +192,7 @@ async fn accept_loop(
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
-    alarms: watch::Receiver<Alarms>,
-    registry: Arc<ConnectionRegistry>,
-    in_flight: Arc<InFlightBytes>,
+    throttle: connection::ResourceThrottle,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -206,11 +206,7 @@ async fn accept_loop(
                         Arc::clone(&settings),
                         shutdown.clone(),
                         durable_rounds.clone(),
-                        connection::ResourceThrottle {
-                            alarms: alarms.clone(),
-                            registry: Arc::clone(&registry),
-                            in_flight: Arc::clone(&in_flight),
-                        },
+                        throttle.clone(),
                     ));
                 }
                 Err(error) => {

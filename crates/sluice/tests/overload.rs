@@ -160,7 +160,7 @@ async fn skip_frame(stream: &mut TcpStream, buffer: &mut BytesMut) {
 /// A publisher that speaks just enough AMQP to open a channel, then writes `batch`
 /// (publishes to its queue) over and over. Heartbeats are off, so the broker
 /// sends it nothing but a possible connection.blocked; a task reads and drops that.
-async fn flood(port: u16, queue: String, sent: Arc<AtomicU64>) {
+async fn flood(port: u16, queue: String, sent: Arc<AtomicU64>, flooding: Arc<AtomicU64>) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let mut inbound = BytesMut::new();
     stream.write_all(&PROTOCOL_HEADER).await.unwrap();
@@ -227,6 +227,7 @@ async fn flood(port: u16, queue: String, sent: Arc<AtomicU64>) {
         frame(&mut batch, FrameType::Body, 1, &body);
     }
     let (mut read_half, mut write_half) = stream.into_split();
+    flooding.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         let mut sink = vec![0u8; 4096];
         while matches!(read_half.read(&mut sink).await, Ok(n) if n > 0) {}
@@ -339,13 +340,21 @@ async fn run_overload(load: Overload) -> Observed {
         ));
     }
     let sent = Arc::new(AtomicU64::new(0));
+    let flooding = Arc::new(AtomicU64::new(0));
     let mut floods = Vec::new();
     for i in 0..load.publishers {
         floods.push(tokio::spawn(flood(
             port,
             queues[i % queues.len()].clone(),
             Arc::clone(&sent),
+            Arc::clone(&flooding),
         )));
+    }
+    // Measure once every publisher floods: the overload, not the connection storm.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while flooding.load(Ordering::Relaxed) < load.publishers as u64 {
+        assert!(Instant::now() < deadline, "publishers could not connect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     let probe_results = Arc::new(std::sync::Mutex::new(Vec::new()));
