@@ -107,6 +107,7 @@ impl DefinitionStore {
             pager: Pager::start(),
             settings,
             paging_dir,
+            resident: Arc::default(),
         });
         let store = Arc::new(DefinitionStore {
             data_dir: data_dir.to_path_buf(),

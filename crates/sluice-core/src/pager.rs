@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 
 use sluice_store::GroupCommit;
 
-use crate::paging::StoreSettings;
+use crate::paging::{NodeResident, StoreSettings};
 use crate::queue::Queue;
 
 /// What queues need from the node to page and journal messages.
@@ -27,6 +27,8 @@ pub struct QueueStorage {
     /// Paging files of non-durable queues live here, one directory each;
     /// emptied at start, since nothing in them outlives the process.
     pub paging_dir: PathBuf,
+    /// What all queues hold in their read-ahead windows.
+    pub resident: Arc<NodeResident>,
 }
 
 pub struct Pager {

@@ -6,6 +6,9 @@
 //! A shallow queue (consumers keeping up) never reaches the window and never
 //! touches the disk for paging: the cost is one comparison per publish.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use sluice_store::group_commit::Location;
 
 /// Storage settings a node's queues share.
@@ -25,6 +28,11 @@ pub struct StoreSettings {
     /// thread to write them, before the queue pauses its publishers: the
     /// bound between a queue and the disk.
     pub unwritten_bytes_max: u64,
+    /// Body bytes all queues together may hold in their read-ahead windows.
+    /// Past it, queues page new messages and the pager reads ahead only
+    /// what consumers are about to take: hundreds of queues with full
+    /// windows would otherwise hold hundreds of windows.
+    pub resident_total_max: u64,
 }
 
 /// Segment positions must fit the 31 bits a paged reference has for them.
@@ -37,6 +45,7 @@ impl Default for StoreSettings {
             resident_messages_max: 2048,
             resident_bytes_max: 8 * 1024 * 1024,
             unwritten_bytes_max: 64 * 1024 * 1024,
+            resident_total_max: 256 * 1024 * 1024,
         }
     }
 }
@@ -47,6 +56,64 @@ impl StoreSettings {
     /// ones soon.
     pub fn read_batch_messages(&self) -> usize {
         (self.resident_messages_max / 4).clamp(1, 512)
+    }
+}
+
+/// Body bytes of ready messages held in memory by every queue of the node,
+/// against [`StoreSettings::resident_total_max`].
+#[derive(Default)]
+pub struct NodeResident {
+    bytes: AtomicU64,
+}
+
+impl NodeResident {
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A queue's resident body bytes, counted into the node's total as well.
+#[derive(Default)]
+pub struct ResidentBytes {
+    bytes: u64,
+    node: Option<Arc<NodeResident>>,
+}
+
+impl ResidentBytes {
+    /// Starts counting into `node`, with what is resident already.
+    pub fn count_into(&mut self, node: Arc<NodeResident>) {
+        node.bytes.fetch_add(self.bytes, Ordering::Relaxed);
+        if let Some(previous) = self.node.replace(node) {
+            previous.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn add(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        if let Some(node) = &self.node {
+            node.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn remove(&mut self, bytes: u64) {
+        self.bytes -= bytes;
+        if let Some(node) = &self.node {
+            node.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.remove(self.bytes);
+    }
+}
+
+impl Drop for ResidentBytes {
+    fn drop(&mut self) {
+        self.clear();
     }
 }
 

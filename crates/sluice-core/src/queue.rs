@@ -20,7 +20,7 @@ use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::{now_us, QueueExpiry, NEVER};
 use crate::message::Message;
 use crate::pager::QueueStorage;
-use crate::paging::PagedMessage;
+use crate::paging::{PagedMessage, ResidentBytes};
 use crate::queue_journal::{read_message, Durability, QueueJournal, RecoveredQueue};
 use crate::queue_limits::{Overflow, QueueLimits};
 use crate::queue_timer::QueueTimer;
@@ -102,6 +102,11 @@ pub enum PublishOutcome {
 /// they are buffers, paged to disk, bounded by the disk alarm.
 pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 
+/// A queue without consumers, or any queue while the node's read-ahead
+/// budget is spent, keeps this fraction of its read-ahead window in memory
+/// (256 messages or 1 MiB by default) and pages the rest.
+pub const CONSUMERLESS_WINDOW_DIVISOR: usize = 8;
+
 /// The same bound in body bytes, for large messages.
 pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -156,7 +161,7 @@ struct QueueState {
     /// Body bytes of every ready message, paged or not.
     ready_bytes: u64,
     /// Body bytes of the ready messages in memory.
-    resident_bytes: u64,
+    resident_bytes: ResidentBytes,
     next_offset: u64,
     /// Delivered to consumers or fetched with basic.get, not yet settled.
     unacked: u64,
@@ -255,7 +260,7 @@ impl QueueState {
         let entry = self.ready.pop_front()?;
         let body_size = entry.message.body_size() as u64;
         self.ready_bytes -= body_size;
-        self.resident_bytes -= body_size;
+        self.resident_bytes.remove(body_size);
         Some(entry)
     }
 
@@ -479,6 +484,21 @@ impl Queue {
         if state.ready_count() == 0 && !self.expiry.has_message_ttl() {
             state.deadlines = false;
         }
+    }
+
+    /// Gives the queue the node's storage: paging, and its share of the
+    /// node's read-ahead budget.
+    pub fn attach_storage(&mut self, storage: Option<Arc<QueueStorage>>) {
+        if let Some(storage) = &storage {
+            let state = self
+                .state
+                .get_mut()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            state
+                .resident_bytes
+                .count_into(Arc::clone(&storage.resident));
+        }
+        self.storage = storage;
     }
 
     /// Whether publishers into this queue should pause: it has consumers
@@ -724,7 +744,7 @@ impl Queue {
         match paged {
             Some(paged) => state.push_paged(paged, expires_at_us),
             None => {
-                state.resident_bytes += body_size;
+                state.resident_bytes.add(body_size);
                 state.ready.push_back(QueuedMessage {
                     offset,
                     message,
@@ -766,9 +786,22 @@ impl Queue {
             // Priority queues do not page: see PRIORITY_QUEUE_READY_MESSAGES_MAX.
             return None;
         }
-        let window_full = state.ready.len() >= storage.settings.resident_messages_max
-            || state.resident_bytes + message.body_size() as u64
-                > storage.settings.resident_bytes_max;
+        // A queue nobody consumes from keeps only a sliver of its window in
+        // memory: hundreds of such queues filling at once would otherwise
+        // hold hundreds of windows. The pager fills the whole window once
+        // consumers come.
+        // The same when all queues together hold their read-ahead budget:
+        // past it, each keeps only a sliver, enough for its consumers'
+        // next deliveries.
+        let node_over = storage.resident.bytes() > storage.settings.resident_total_max;
+        let shrink = if state.consumers.is_empty() || node_over {
+            CONSUMERLESS_WINDOW_DIVISOR
+        } else {
+            1
+        };
+        let window_full = state.ready.len() >= storage.settings.resident_messages_max / shrink
+            || state.resident_bytes.get() + message.body_size() as u64
+                > storage.settings.resident_bytes_max / shrink as u64;
         if state.paged.is_empty() && !window_full {
             return None;
         }
@@ -838,7 +871,7 @@ impl Queue {
             return;
         };
         let low = state.ready.len() < storage.settings.resident_messages_max / 2
-            && state.resident_bytes < storage.settings.resident_bytes_max / 2;
+            && state.resident_bytes.get() < storage.settings.resident_bytes_max / 2;
         if low && !state.consumers.is_empty() {
             self.request_pager(state);
         }
@@ -916,7 +949,7 @@ impl Queue {
                 match consumer.sink.deliver(consumer, self, entry) {
                     Ok(()) => {
                         state.ready_bytes -= body_size;
-                        state.resident_bytes -= body_size;
+                        state.resident_bytes.remove(body_size);
                         if !no_ack {
                             state.unacked += 1;
                         } else if let (Some(persisted), Some(journal)) =
@@ -1016,7 +1049,7 @@ impl Queue {
         while let Some((paged, expires_at_us)) = state.pop_paged() {
             match self.read_paged(state, &paged) {
                 Some(message) => {
-                    state.resident_bytes += paged.body_size as u64;
+                    state.resident_bytes.add(paged.body_size as u64);
                     state.ready.push_read_back(QueuedMessage::read_back(
                         paged,
                         message,
@@ -1078,15 +1111,23 @@ impl Queue {
                 // A priority queue reads all of its paged messages (recovered
                 // ones: it never pages) back, window or not.
                 let priority = state.ready.is_priority();
+                // Past the node's read-ahead budget, read back only the
+                // sliver a queue without consumers keeps (see
+                // `page_out_location`).
+                let shrink = if storage.resident.bytes() > settings.resident_total_max {
+                    CONSUMERLESS_WINDOW_DIVISOR
+                } else {
+                    1
+                };
                 let window = if priority {
                     usize::MAX
                 } else {
-                    settings.resident_messages_max
+                    settings.resident_messages_max / shrink
                 };
                 let bytes_max = if priority {
                     u64::MAX
                 } else {
-                    settings.resident_bytes_max
+                    settings.resident_bytes_max / shrink as u64
                 };
                 let room = window
                     .saturating_sub(state.ready.len())
@@ -1098,11 +1139,11 @@ impl Queue {
                     || state.paged.is_empty()
                     || state.consumers.is_empty()
                     || self.is_deleted()
-                    || state.resident_bytes >= bytes_max
+                    || state.resident_bytes.get() >= bytes_max
                 {
                     return;
                 }
-                let mut bytes = state.resident_bytes;
+                let mut bytes = state.resident_bytes.get();
                 let batch: Vec<(PagedMessage, Location)> = state
                     .paged
                     .iter()
@@ -1134,7 +1175,7 @@ impl Queue {
                 let expires_at_us = state.pop_paged().map_or(NEVER, |(_, deadline)| deadline);
                 match message {
                     Ok(message) => {
-                        state.resident_bytes += paged.body_size as u64;
+                        state.resident_bytes.add(paged.body_size as u64);
                         state.ready.push_read_back(QueuedMessage::read_back(
                             *paged,
                             message,
@@ -1282,7 +1323,7 @@ impl Queue {
             }
             let body_size = entry.message.body_size() as u64;
             state.ready_bytes += body_size;
-            state.resident_bytes += body_size;
+            state.resident_bytes.add(body_size);
             // Every paged message is newer than a delivered one.
             state.ready.insert_by_offset(entry);
         }
@@ -1408,7 +1449,7 @@ impl Queue {
         state.forget_paged(&paged);
         state.paged_deadlines.clear();
         state.ready_bytes = 0;
-        state.resident_bytes = 0;
+        state.resident_bytes.clear();
         self.update_congestion(&mut state);
         purged
     }
@@ -1447,7 +1488,7 @@ impl Queue {
         state.paged_deadlines.clear();
         state.dead_letters.clear();
         state.ready_bytes = 0;
-        state.resident_bytes = 0;
+        state.resident_bytes.clear();
         if let Some(journal) = state.journal.take() {
             journal.destroy();
         }

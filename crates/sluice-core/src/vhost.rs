@@ -521,7 +521,7 @@ impl VirtualHost {
             }
             None => Queue::new(Arc::clone(&name), Arc::clone(&self.name), options, limits),
         };
-        queue.storage = self.store.as_ref().map(|store| Arc::clone(&store.storage));
+        queue.attach_storage(self.store.as_ref().map(|store| Arc::clone(&store.storage)));
         self.attach_queue(&mut queue, &effective);
         let queue = Arc::new(queue);
         queue.start_timers();
@@ -1027,7 +1027,7 @@ impl VirtualHost {
                     recovered,
                 );
                 queue.store_id = Some(definition.store_id.clone());
-                queue.storage = Some(Arc::clone(&store.storage));
+                queue.attach_storage(Some(Arc::clone(&store.storage)));
                 self.attach_queue(&mut queue, &effective);
                 let queue = Arc::new(queue);
                 queue.start_timers();

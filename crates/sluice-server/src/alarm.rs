@@ -357,6 +357,26 @@ fn log_disk_free_limit(limits: &AlarmLimits) {
     );
 }
 
+/// From this fraction of the watermark up, free heap memory is returned to
+/// the system before the alarm is decided: below the alarm's clearing point
+/// (0.9), so a set alarm is not held up by memory nobody uses.
+const MEMORY_TRIM_FRACTION: f64 = 0.8;
+
+/// Free heap memory is returned at most this often: often enough that the
+/// alarm clears soon after memory is freed, rarely enough that the trim's own
+/// cost (a walk over the allocator's free lists) does not matter.
+const MEMORY_TRIM_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Returns the allocator's free memory to the system (glibc's `malloc_trim`).
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of the allocator's own
+    // arenas; it touches no memory the program holds.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Samples memory and disk every [`ALARM_CHECK_INTERVAL`], and at once when the limits
 /// change, until the [`AlarmMonitor`] is dropped.
 async fn monitor(
@@ -367,6 +387,7 @@ async fn monitor(
     let mut state = AlarmState::default();
     let mut interval = tokio::time::interval(ALARM_CHECK_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_trim: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -377,7 +398,21 @@ async fn monitor(
             }
         }
         let current_limits = *limits.borrow_and_update();
-        let next = state.update(Readings::sample(&data_dir), &current_limits);
+        let mut readings = Readings::sample(&data_dir);
+        let near_watermark = readings.resident_bytes.is_some_and(|resident| {
+            resident as f64 >= current_limits.memory_watermark_bytes as f64 * MEMORY_TRIM_FRACTION
+        });
+        if near_watermark && last_trim.is_none_or(|at| at.elapsed() >= MEMORY_TRIM_INTERVAL) {
+            // Memory the broker freed (messages paged, drained or consumed)
+            // stays resident in the allocator's free lists, and would set
+            // the alarm, or keep it set, for memory nobody holds. Hand it
+            // back first and look again, as RabbitMQ collects garbage
+            // before it raises its alarm.
+            return_free_memory();
+            last_trim = Some(tokio::time::Instant::now());
+            readings = Readings::sample(&data_dir);
+        }
+        let next = state.update(readings, &current_limits);
         alarms.send_if_modified(|current| {
             let changed = *current != next;
             *current = next;

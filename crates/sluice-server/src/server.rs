@@ -8,6 +8,7 @@ use std::time::Duration;
 use sluice_core::broker::{Broker, BrokerSettings};
 use sluice_core::definitions::DefinitionStore;
 use sluice_core::definitions_import::{load_definitions, DefinitionsFileError};
+use sluice_core::paging::StoreSettings;
 use sluice_store::GroupCommit;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -119,7 +120,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let (store, definitions) = DefinitionStore::open(
         &config.data_dir,
         Arc::clone(&group_commit),
-        config.store.settings.clone(),
+        store_settings_within_watermark(&config),
     )
     .map_err(|error| {
         group_commit.stop();
@@ -185,6 +186,24 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         in_flight,
     })
 }
+
+/// The store's settings, with the node's read-ahead budget held to a quarter
+/// of the memory watermark: on a small node, full read-ahead windows across
+/// many queues would otherwise reach the watermark on their own, and the
+/// alarm would block publishers where paging should have absorbed them.
+fn store_settings_within_watermark(config: &Config) -> StoreSettings {
+    let mut settings = config.store.settings.clone();
+    if let Some(total_memory) = crate::alarm::total_memory_bytes() {
+        let watermark = config.vm_memory_high_watermark().bytes(total_memory);
+        settings.resident_total_max = settings
+            .resident_total_max
+            .min(watermark / READ_AHEAD_WATERMARK_DIVISOR);
+    }
+    settings
+}
+
+/// See [`store_settings_within_watermark`].
+const READ_AHEAD_WATERMARK_DIVISOR: u64 = 4;
 
 async fn accept_loop(
     listener: TcpListener,

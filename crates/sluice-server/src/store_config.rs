@@ -43,6 +43,7 @@ pub const STORE_KEYS: &[&str] = &[
     "store.read_ahead_bytes",
     "store.write_buffer_max",
     "store.write_buffer_total_max",
+    "store.read_ahead_total_max",
 ];
 
 /// Segments smaller than this would roll over every few messages.
@@ -95,6 +96,10 @@ pub fn apply(
             .filter(|bytes| *bytes > 0)
             .map(|bytes| settings.unwritten_bytes_max = bytes)
             .ok_or_else(|| "expected a positive size, e.g. 64MiB".to_owned()),
+        "store.read_ahead_total_max" => parse_bytes(value)
+            .filter(|bytes| *bytes > 0)
+            .map(|bytes| settings.resident_total_max = bytes)
+            .ok_or_else(|| "expected a positive size, e.g. 256MiB".to_owned()),
         "store.write_buffer_total_max" => parse_bytes(value)
             .filter(|bytes| *bytes > 0)
             .map(|bytes| config.write_buffer_total_max = bytes)
@@ -111,7 +116,7 @@ mod tests {
     #[test]
     fn store_keys_set_the_store_settings() {
         let config = Config::parse(
-            "store.segment_size = 16MiB\nstore.sync_interval = 5\nstore.read_ahead_messages = 500\nstore.read_ahead_bytes = 2MiB\nstore.write_buffer_max = 32MB\nstore.write_buffer_total_max = 1GiB\n",
+            "store.segment_size = 16MiB\nstore.sync_interval = 5\nstore.read_ahead_messages = 500\nstore.read_ahead_bytes = 2MiB\nstore.write_buffer_max = 32MB\nstore.write_buffer_total_max = 1GiB\nstore.read_ahead_total_max = 100MiB\n",
             Config::default(),
         )
         .unwrap();
@@ -122,6 +127,7 @@ mod tests {
         assert_eq!(settings.resident_bytes_max, 2 << 20);
         assert_eq!(settings.unwritten_bytes_max, 32_000_000);
         assert_eq!(config.store.write_buffer_total_max, 1 << 30);
+        assert_eq!(settings.resident_total_max, 100 << 20);
     }
 
     #[test]
