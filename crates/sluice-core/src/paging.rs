@@ -171,6 +171,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn resident_bytes_count_into_the_node_and_leave_it_when_dropped() {
+        let node = Arc::new(NodeResident::default());
+        let mut first = ResidentBytes::default();
+        first.add(100); // before it counts into the node: carried over
+        first.count_into(Arc::clone(&node));
+        let mut second = ResidentBytes::default();
+        second.count_into(Arc::clone(&node));
+        second.add(50);
+        assert_eq!(node.bytes(), 150);
+        first.remove(30);
+        assert_eq!((first.get(), node.bytes()), (70, 120));
+        second.clear();
+        assert_eq!(node.bytes(), 70);
+        drop(first);
+        assert_eq!(node.bytes(), 0, "a deleted queue leaves nothing counted");
+    }
+
+    #[test]
     fn a_paged_message_keeps_its_location_and_flag() {
         let location = Location {
             segment: 7,

@@ -600,15 +600,13 @@ impl Queue {
         }
         state.budget_signal_requested = true;
         let queue = Arc::downgrade(self);
-        storage
-            .group
-            .when_write_budget_drained(Box::new(move || {
-                if let Some(queue) = queue.upgrade() {
-                    let mut state = queue.lock();
-                    state.budget_signal_requested = false;
-                    queue.update_congestion(&mut state);
-                }
-            }));
+        storage.group.when_write_budget_drained(Box::new(move || {
+            if let Some(queue) = queue.upgrade() {
+                let mut state = queue.lock();
+                state.budget_signal_requested = false;
+                queue.update_congestion(&mut state);
+            }
+        }));
     }
 
     /// Asks the sync thread to tell this queue when it wrote the journal's

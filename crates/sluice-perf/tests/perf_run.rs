@@ -230,5 +230,9 @@ async fn multiple_acks_reach_the_broker_in_order() {
     .await
     .expect("no ack is refused");
     server.stop().await;
-    assert!(results[0].summary.consumed > 1000, "{:?}", results[0].summary);
+    assert!(
+        results[0].summary.consumed > 1000,
+        "{:?}",
+        results[0].summary
+    );
 }

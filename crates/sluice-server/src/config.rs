@@ -869,7 +869,10 @@ mod tests {
         let config = parse("delivery_buffer_total_max = 16MiB").unwrap();
         assert_eq!(config.delivery_buffer_total_max, 16 << 20);
         let message = error("delivery_buffer_total_max = 0");
-        assert!(message.contains("expected a positive number of bytes"), "{message}");
+        assert!(
+            message.contains("expected a positive number of bytes"),
+            "{message}"
+        );
     }
 
     #[test]

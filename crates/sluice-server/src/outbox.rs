@@ -75,10 +75,10 @@ pub struct Outbox {
 impl Drop for Outbox {
     fn drop(&mut self) {
         // What was never written leaves the count with the buffer.
-        let unwritten = self
-            .buffer
-            .get_mut()
-            .map_or_else(|poisoned| poisoned.into_inner().len(), |buffer| buffer.len());
+        let unwritten = self.buffer.get_mut().map_or_else(
+            |poisoned| poisoned.into_inner().len(),
+            |buffer| buffer.len(),
+        );
         self.in_flight.remove(unwritten);
     }
 }

@@ -330,3 +330,81 @@ async fn flow_deliveries_in_flight_are_bounded_across_connections() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// `credit_flow_default_credit` is how many publishes a reader routes before
+/// it looks at its queues' congestion again. With a credit of 1 it looks after
+/// every publish, so a publisher into a queue whose consumer is stuck stops
+/// at the first publish past the congestion bound. The publishes arrive in
+/// one write, so with the default credit the reader would route hundreds
+/// more from its buffer before looking.
+#[tokio::test]
+async fn flow_credit_of_one_stops_the_publisher_at_the_bound() {
+    use sluice_wire::amq_protocol::protocol::{basic, AMQPClass};
+    use sluice_wire::encode::encode_control;
+    use sluice_wire::frame::{FrameType, FRAME_END};
+    use support::raw::RawClient;
+
+    let server = TestServer::start_with(|config| config.credit_flow_default_credit = 1).await;
+    let (_consumer_connection, consumer_channel) = open(&server).await;
+    declare(&consumer_channel, "credit").await;
+    consumer_channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let _consumer = consumer_channel
+        .basic_consume(
+            "credit".into(),
+            "stuck".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let mut batch = bytes::BytesMut::new();
+    for _ in 0..FLOW_BACKLOG_MESSAGES * 3 {
+        encode_control(
+            &mut batch,
+            1,
+            &AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: "credit".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        );
+        batch.extend_from_slice(&RawClient::frame_bytes(
+            FrameType::Header as u8,
+            1,
+            &RawClient::content_header_payload(10),
+            FRAME_END,
+        ));
+        batch.extend_from_slice(&RawClient::frame_bytes(
+            FrameType::Body as u8,
+            1,
+            &[1u8; 10],
+            FRAME_END,
+        ));
+    }
+    let mut publisher = RawClient::open(server.address).await;
+    publisher.open_channel(1).await;
+    let writer = tokio::spawn(async move {
+        publisher.send_lenient(&batch).await;
+        publisher
+    });
+    let queue = server.queue("credit");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !queue.is_congested() {
+        assert!(tokio::time::Instant::now() < deadline, "never congested");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Ample time for a reader that kept routing to show it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        queue.message_count() as usize,
+        FLOW_BACKLOG_MESSAGES + 1,
+        "the publish that crossed the bound is the last one routed"
+    );
+    writer.abort();
+    server.stop().await;
+}

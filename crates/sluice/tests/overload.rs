@@ -150,7 +150,10 @@ fn frame(out: &mut BytesMut, frame_type: FrameType, channel_id: u16, payload: &[
 /// Reads until one whole frame is buffered, discarding it.
 async fn skip_frame(stream: &mut TcpStream, buffer: &mut BytesMut) {
     loop {
-        if split_frame(buffer, 131_072).expect("well-formed frames").is_some() {
+        if split_frame(buffer, 131_072)
+            .expect("well-formed frames")
+            .is_some()
+        {
             return;
         }
         assert!(stream.read_buf(buffer).await.unwrap() > 0, "broker hung up");
@@ -297,7 +300,10 @@ async fn round_trip(port: u16) -> Duration {
         .unwrap();
     loop {
         let got = channel
-            .basic_get(queue.name().as_str().into(), BasicGetOptions { no_ack: true })
+            .basic_get(
+                queue.name().as_str().into(),
+                BasicGetOptions { no_ack: true },
+            )
             .await
             .unwrap();
         if got.is_some() {
@@ -426,7 +432,9 @@ fn check(observed: &Observed) {
     );
     // Served at a steady rate: no second without deliveries once the load is on.
     assert!(
-        observed.consumed_per_second[1..].iter().all(|&count| count > 0),
+        observed.consumed_per_second[1..]
+            .iter()
+            .all(|&count| count > 0),
         "consumers stalled: {:?}",
         observed.consumed_per_second
     );
