@@ -83,6 +83,7 @@ impl Broker {
             .arg(root.join("data"))
             .arg("--config")
             .arg(&config)
+            .env("RUST_LOG", "warn") // alarms and errors, not a line per connection
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
