@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -88,6 +88,11 @@ impl Drop for LogBuffer {
         self.wait_for_preallocation();
     }
 }
+
+/// Threads that write and fsync one round's logs side by side: a round over
+/// many queue journals then takes about one fsync's time. Beyond this, the
+/// disk's queue, not the thread count, sets the pace.
+const SYNC_THREADS_MAX: usize = 8;
 
 /// How often an idle sync thread checks whether writers paused over the write
 /// budget may resume (see [`GroupCommit::when_write_budget_drained`]).
@@ -671,16 +676,34 @@ impl GroupCommit {
                 std::mem::take(&mut *dirty)
             };
             round_started = Instant::now();
-            let mut failed = Vec::new();
-            for log in &logs {
-                if let Err(error) = log.write_and_sync(self) {
-                    tracing::error!(%error, "a log failed to write; its unconfirmed messages will be nacked");
-                    log.mark_failed(self);
-                    failed.push(Arc::clone(log));
+            let failed = Mutex::new(Vec::new());
+            let next = AtomicUsize::new(0);
+            // One log's write and fsync at a time; several threads share a
+            // round's logs, so one round costs about one fsync's time, not
+            // one per queue journal.
+            let work = || {
+                while let Some(log) = logs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Err(error) = log.write_and_sync(self) {
+                        tracing::error!(%error, "a log failed to write; its unconfirmed messages will be nacked");
+                        log.mark_failed(self);
+                        lock(&failed).push(Arc::clone(log));
+                    }
+                    log.signal_written();
+                    self.signal_budget_waiters();
                 }
-                log.signal_written();
-                self.signal_budget_waiters();
+            };
+            let helpers = logs.len().min(SYNC_THREADS_MAX) - 1;
+            if helpers == 0 {
+                work();
+            } else {
+                std::thread::scope(|scope| {
+                    for _ in 0..helpers {
+                        scope.spawn(work);
+                    }
+                    work();
+                });
             }
+            let failed = failed.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
             on_round(round, &failed);
         }
