@@ -703,7 +703,9 @@ impl GroupCommit {
                     work();
                 });
             }
-            let failed = failed.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let failed = failed
+                .into_inner()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
             on_round(round, &failed);
         }
