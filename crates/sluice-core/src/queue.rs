@@ -107,6 +107,25 @@ pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 /// (256 messages or 1 MiB by default) and pages the rest.
 pub const CONSUMERLESS_WINDOW_DIVISOR: usize = 8;
 
+/// The read-ahead window a queue may hold in memory now, in messages and
+/// body bytes. A queue nobody consumes from keeps only a sliver: hundreds of
+/// such queues filling at once would otherwise hold hundreds of windows (the
+/// pager fills the whole window once consumers come). Every queue keeps only
+/// the sliver while all queues together hold the node's read-ahead budget.
+fn resident_window(storage: &QueueStorage, has_consumers: bool) -> (usize, u64) {
+    let settings = &storage.settings;
+    let node_over = storage.resident.bytes() > settings.resident_total_max;
+    let divisor = if has_consumers && !node_over {
+        1
+    } else {
+        CONSUMERLESS_WINDOW_DIVISOR
+    };
+    (
+        settings.resident_messages_max / divisor,
+        settings.resident_bytes_max / divisor as u64,
+    )
+}
+
 /// The same bound in body bytes, for large messages.
 pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -784,22 +803,9 @@ impl Queue {
             // Priority queues do not page: see PRIORITY_QUEUE_READY_MESSAGES_MAX.
             return None;
         }
-        // A queue nobody consumes from keeps only a sliver of its window in
-        // memory: hundreds of such queues filling at once would otherwise
-        // hold hundreds of windows. The pager fills the whole window once
-        // consumers come.
-        // The same when all queues together hold their read-ahead budget:
-        // past it, each keeps only a sliver, enough for its consumers'
-        // next deliveries.
-        let node_over = storage.resident.bytes() > storage.settings.resident_total_max;
-        let shrink = if state.consumers.is_empty() || node_over {
-            CONSUMERLESS_WINDOW_DIVISOR
-        } else {
-            1
-        };
-        let window_full = state.ready.len() >= storage.settings.resident_messages_max / shrink
-            || state.resident_bytes.get() + message.body_size() as u64
-                > storage.settings.resident_bytes_max / shrink as u64;
+        let (window_messages, window_bytes) = resident_window(storage, !state.consumers.is_empty());
+        let window_full = state.ready.len() >= window_messages
+            || state.resident_bytes.get() + message.body_size() as u64 > window_bytes;
         if state.paged.is_empty() && !window_full {
             return None;
         }
@@ -1109,23 +1115,10 @@ impl Queue {
                 // A priority queue reads all of its paged messages (recovered
                 // ones: it never pages) back, window or not.
                 let priority = state.ready.is_priority();
-                // Past the node's read-ahead budget, read back only the
-                // sliver a queue without consumers keeps (see
-                // `page_out_location`).
-                let shrink = if storage.resident.bytes() > settings.resident_total_max {
-                    CONSUMERLESS_WINDOW_DIVISOR
+                let (window, bytes_max) = if priority {
+                    (usize::MAX, u64::MAX)
                 } else {
-                    1
-                };
-                let window = if priority {
-                    usize::MAX
-                } else {
-                    settings.resident_messages_max / shrink
-                };
-                let bytes_max = if priority {
-                    u64::MAX
-                } else {
-                    settings.resident_bytes_max / shrink as u64
+                    resident_window(storage, !state.consumers.is_empty())
                 };
                 let room = window
                     .saturating_sub(state.ready.len())

@@ -110,6 +110,13 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         address: config.listen,
         source,
     })?;
+    // First: the store's read-ahead budget depends on the memory watermark.
+    let alarm_monitor = AlarmMonitor::start(
+        config.vm_memory_high_watermark(),
+        config.disk_free_limit(),
+        config.data_dir.clone(),
+    )
+    .map_err(ServerError::Limit)?;
     // Readers waiting to confirm persistent messages are woken after every
     // sync round.
     let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
@@ -120,7 +127,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let (store, definitions) = DefinitionStore::open(
         &config.data_dir,
         Arc::clone(&group_commit),
-        store_settings_within_watermark(&config),
+        store_settings_within_watermark(&config, alarm_monitor.limits().memory_watermark_bytes),
     )
     .map_err(|error| {
         group_commit.stop();
@@ -142,17 +149,6 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     if let Some(loaded) = &loaded {
         broker.import_definitions(&loaded.file);
     }
-    let alarm_monitor = match AlarmMonitor::start(
-        config.vm_memory_high_watermark(),
-        config.disk_free_limit(),
-        config.data_dir.clone(),
-    ) {
-        Ok(monitor) => monitor,
-        Err(error) => {
-            group_commit.stop();
-            return Err(ServerError::Limit(error));
-        }
-    };
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -191,14 +187,11 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
 /// of the memory watermark: on a small node, full read-ahead windows across
 /// many queues would otherwise reach the watermark on their own, and the
 /// alarm would block publishers where paging should have absorbed them.
-fn store_settings_within_watermark(config: &Config) -> StoreSettings {
+fn store_settings_within_watermark(config: &Config, watermark_bytes: u64) -> StoreSettings {
     let mut settings = config.store.settings.clone();
-    if let Some(total_memory) = crate::alarm::total_memory_bytes() {
-        let watermark = config.vm_memory_high_watermark().bytes(total_memory);
-        settings.resident_total_max = settings
-            .resident_total_max
-            .min(watermark / READ_AHEAD_WATERMARK_DIVISOR);
-    }
+    settings.resident_total_max = settings
+        .resident_total_max
+        .min(watermark_bytes / READ_AHEAD_WATERMARK_DIVISOR);
     settings
 }
 

@@ -7,9 +7,7 @@ mod support;
 use std::time::Duration;
 
 use helpers::*;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
 use sluice_server::connection_registry::{ConnectionSnapshot, ConnectionState};
@@ -92,20 +90,8 @@ async fn connection_state_flow_while_paused_by_a_congested_queue() {
     let server = TestServer::start().await;
     let (_consumer_connection, consumer_channel) = open(&server).await;
     declare(&consumer_channel, "behind").await;
-    consumer_channel
-        .basic_qos(1, BasicQosOptions::default())
-        .await
-        .unwrap();
     // One message out and never acked: the queue cannot drain.
-    let _consumer = consumer_channel
-        .basic_consume(
-            "behind".into(),
-            "stuck".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let _consumer = stuck_consumer(&consumer_channel, "behind").await;
     let uri = server.uri();
     let publisher = tokio::spawn(async move {
         let connection = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())

@@ -77,20 +77,8 @@ async fn flow_publisher_is_paused_while_consumers_are_behind() {
     let server = TestServer::start().await;
     let (_consumer_connection, consumer_channel) = open(&server).await;
     declare(&consumer_channel, "behind").await;
-    consumer_channel
-        .basic_qos(1, BasicQosOptions::default())
-        .await
-        .unwrap();
     // A consumer that takes one message and never acks it: the queue cannot drain.
-    let consumer = consumer_channel
-        .basic_consume(
-            "behind".into(),
-            "stuck".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let consumer = stuck_consumer(&consumer_channel, "behind").await;
     let publisher = publish_in_background(&server, "behind");
     // Wait for the backlog to pass the bound, however slow the machine is,
     // then give an unthrottled publisher ample time to send everything.
@@ -347,19 +335,7 @@ async fn flow_credit_of_one_stops_the_publisher_at_the_bound() {
     let server = TestServer::start_with(|config| config.credit_flow_default_credit = 1).await;
     let (_consumer_connection, consumer_channel) = open(&server).await;
     declare(&consumer_channel, "credit").await;
-    consumer_channel
-        .basic_qos(1, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let _consumer = consumer_channel
-        .basic_consume(
-            "credit".into(),
-            "stuck".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let _consumer = stuck_consumer(&consumer_channel, "credit").await;
 
     let mut batch = bytes::BytesMut::new();
     for _ in 0..FLOW_BACKLOG_MESSAGES * 3 {

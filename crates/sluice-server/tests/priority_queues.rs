@@ -57,6 +57,30 @@ async fn wait_ready(server: &TestServer, queue: &str, count: u32) {
     .await;
 }
 
+/// A confirming channel and a durable priority queue "q" with `max_priority`.
+async fn open_durable_priority_queue(
+    server: &TestServer,
+    max_priority: u8,
+) -> (lapin::Connection, lapin::Channel) {
+    let (connection, channel) = open(server).await;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    declare_with(
+        &channel,
+        "q",
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        table(&[("x-max-priority", AMQPValue::ShortShortUInt(max_priority))]),
+    )
+    .await
+    .unwrap();
+    (connection, channel)
+}
+
 #[tokio::test]
 async fn priority_queue_delivers_higher_priority_first() {
     let server = TestServer::start().await;
@@ -226,22 +250,7 @@ async fn priority_queue_recovered_messages_keep_priority_order() {
         })
     };
     let server = start(data_dir.clone()).await;
-    let (connection, channel) = open(&server).await;
-    channel
-        .confirm_select(lapin::options::ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    declare_with(
-        &channel,
-        "q",
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        table(&[("x-max-priority", AMQPValue::ShortShortUInt(9))]),
-    )
-    .await
-    .unwrap();
+    let (connection, channel) = open_durable_priority_queue(&server, 9).await;
     for (body, priority) in [("a-1", 1), ("b-9", 9), ("c-1", 1), ("d-5", 5), ("e-9", 9)] {
         publish_with(
             &channel,
@@ -308,22 +317,7 @@ async fn priority_queue_recovered_messages_reach_consumers_in_priority_order() {
         })
     };
     let server = start(data_dir.clone()).await;
-    let (connection, channel) = open(&server).await;
-    channel
-        .confirm_select(lapin::options::ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    declare_with(
-        &channel,
-        "q",
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        table(&[("x-max-priority", AMQPValue::ShortShortUInt(2))]),
-    )
-    .await
-    .unwrap();
+    let (connection, channel) = open_durable_priority_queue(&server, 2).await;
     for index in 0..30 {
         publish_with(
             &channel,

@@ -2,8 +2,9 @@
 //! persistent messages with confirms: every confirmed message is there after
 //! a restart, exactly once.
 
+mod support;
+
 use std::collections::HashSet;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,15 +13,8 @@ use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use lapin::BasicProperties;
+use support::{connect, free_port};
 
 fn start(port: u16, data_dir: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -35,25 +29,6 @@ fn start(port: u16, data_dir: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("the sluice binary starts")
-}
-
-async fn connect(port: u16) -> Connection {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match Connection::connect(
-            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-            ConnectionProperties::default(),
-        )
-        .await
-        {
-            Ok(connection) => return connection,
-            Err(error) if Instant::now() < deadline => {
-                let _ = error;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(error) => panic!("cannot connect: {error}"),
-        }
-    }
 }
 
 #[tokio::test]

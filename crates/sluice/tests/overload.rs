@@ -10,7 +10,8 @@
 //! `cargo test --release -p sluice --test overload -- --ignored` runs the larger variant
 //! (1000 publishers, 30 s) and prints the figures it asserts on.
 
-use std::net::TcpListener;
+mod support;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,11 +25,12 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
+use lapin::BasicProperties;
 use sluice_wire::amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 use sluice_wire::amq_protocol::types::{FieldTable as WireTable, LongString};
 use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{split_frame, FrameType, FRAME_END, PROTOCOL_HEADER};
+use support::{connect, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -51,14 +53,6 @@ struct Observed {
     consumed_per_second: Vec<u64>,
     probe_round_trips: Vec<Duration>,
     published_bytes: u64,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Broker {
@@ -115,25 +109,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-async fn connect(port: u16) -> Connection {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match Connection::connect(
-            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-            ConnectionProperties::default(),
-        )
-        .await
-        {
-            Ok(connection) => return connection,
-            Err(error) if Instant::now() < deadline => {
-                let _ = error;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(error) => panic!("cannot connect: {error}"),
-        }
-    }
 }
 
 fn method(out: &mut BytesMut, channel_id: u16, class: AMQPClass) {

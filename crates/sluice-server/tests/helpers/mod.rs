@@ -109,6 +109,24 @@ pub async fn publish_with(
 }
 
 /// The next delivery, failing the test after [`ARRIVAL_TIMEOUT`].
+/// A consumer with prefetch 1, tagged "stuck", that takes one message from
+/// `queue` and never acks it: the queue cannot drain.
+pub async fn stuck_consumer(channel: &Channel, queue: &str) -> Consumer {
+    channel
+        .basic_qos(1, lapin::options::BasicQosOptions::default())
+        .await
+        .unwrap();
+    channel
+        .basic_consume(
+            queue.into(),
+            "stuck".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
 pub async fn next_delivery(consumer: &mut Consumer) -> Delivery {
     tokio::time::timeout(ARRIVAL_TIMEOUT, consumer.next())
         .await

@@ -1,0 +1,35 @@
+//! What the tests of the real `sluice` binary share: a free port, and a
+//! client connection that waits for the broker to start listening.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use lapin::{Connection, ConnectionProperties};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Connects as guest, retrying for up to 20 s while the broker starts.
+pub async fn connect(port: u16) -> Connection {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Connection::connect(
+            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            ConnectionProperties::default(),
+        )
+        .await
+        {
+            Ok(connection) => return connection,
+            Err(error) if Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("cannot connect: {error}"),
+        }
+    }
+}
