@@ -15,7 +15,6 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, Queu
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer as LapinConsumer};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::body::{self, Clock};
 use crate::rate_limiter::RateLimiter;
@@ -32,7 +31,6 @@ pub struct Consumer {
     autoack: bool,
     /// Ack with `multiple` every this many deliveries; 1 acks each one.
     ack_every: u32,
-    rate: Option<f64>,
     message_limit: Option<u64>,
     clock: Clock,
     stats: Arc<Stats>,
@@ -99,7 +97,6 @@ impl Consumer {
             deliveries,
             autoack: workload.autoack,
             ack_every: workload.multi_ack_every.unwrap_or(1).max(1),
-            rate: workload.consumer_rate,
             message_limit: workload.cmessages,
             clock: if workload.use_millis {
                 Clock::UnixMillis
@@ -116,10 +113,9 @@ impl Consumer {
     /// [`PerfError::Amqp`] if a delivery or an ack fails.
     pub async fn run(
         mut self,
-        start: Instant,
+        mut limiter: RateLimiter,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Consumer, PerfError> {
-        let mut limiter = RateLimiter::new(self.rate.unwrap_or(0.0), start);
         let mut unacked: u32 = 0;
         let mut consumed: u64 = 0;
         loop {

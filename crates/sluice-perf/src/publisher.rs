@@ -50,7 +50,6 @@ pub struct Publisher {
     options: BasicPublishOptions,
     properties: BasicProperties,
     size: usize,
-    rate: Option<f64>,
     /// `None`: no confirms.
     confirm: Option<u64>,
     message_limit: Option<u64>,
@@ -100,7 +99,6 @@ impl Publisher {
             },
             properties,
             size: workload.size,
-            rate: workload.rate,
             confirm: workload.confirm,
             message_limit: workload.pmessages,
             clock: if workload.use_millis {
@@ -112,16 +110,15 @@ impl Publisher {
         })
     }
 
-    /// Publishes from `start` until `stop` turns true or the message limit is reached.
+    /// Publishes on `limiter`'s schedule until `stop` turns true or the message limit is reached.
     ///
     /// # Errors
     /// [`PerfError::Amqp`] if publishing fails (the connection or channel was closed).
     pub async fn run(
         self,
-        start: Instant,
+        mut limiter: RateLimiter,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Publisher, PerfError> {
-        let mut limiter = RateLimiter::new(self.rate.unwrap_or(0.0), start);
         let mut window = InflightWindow::new(self.confirm.unwrap_or(0));
         let mut pending: VecDeque<PendingConfirm> = VecDeque::new();
         let mut body = body::new_body(self.size);

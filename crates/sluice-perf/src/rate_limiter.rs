@@ -6,6 +6,13 @@
 //! bounded by [`CATCH_UP_MAX`], so a task that was stalled for seconds (a blocked connection,
 //! a full in-flight window) resumes at the requested rate instead of flooding the broker with
 //! everything it "owes".
+//!
+//! Tasks with the same rate do not share one schedule: [`RateLimiter::staggered`] spreads
+//! their first messages evenly across one interval. A hundred producers at 30 msg/s that all
+//! started on the same tick would publish a hundred messages at once every 33 ms, and the
+//! burst would queue in the broker and both clients, measuring up to several milliseconds
+//! of queueing that a hundred independent clients would not cause. PerfTest's producers,
+//! each a thread started one after another, are spread the same way by their start times.
 
 use std::time::Duration;
 
@@ -35,6 +42,18 @@ impl RateLimiter {
             interval,
             next_due: start,
         }
+    }
+
+    /// The `index`-th of `count` limiters with the same rate: its first message is due
+    /// `index / count` of an interval after `start`, so together the tasks send at evenly
+    /// spaced instants instead of in bursts.
+    pub fn staggered(rate_per_second: f64, start: Instant, index: usize, count: usize) -> Self {
+        let mut limiter = RateLimiter::new(rate_per_second, start);
+        if let Some(interval) = limiter.interval {
+            let share = index as f64 / count.max(1) as f64;
+            limiter.next_due += interval.mul_f64(share.clamp(0.0, 1.0));
+        }
+        limiter
     }
 
     pub fn is_limited(&self) -> bool {
@@ -121,6 +140,33 @@ mod tests {
         }
         // One second of catch-up at 100 msg/s, plus the message due now.
         assert_eq!(sent, 101);
+    }
+
+    #[test]
+    fn staggered_limiters_send_at_evenly_spaced_instants() {
+        let start = Instant::now();
+        let count = 4;
+        // Four producers at 100 msg/s: together one message every 2.5 ms, none at once.
+        let mut due: Vec<Duration> = (0..count)
+            .flat_map(|index| {
+                let mut limiter = RateLimiter::staggered(100.0, start, index, count);
+                let mut times = Vec::new();
+                for _ in 0..3 {
+                    let at = limiter.try_acquire(start).unwrap_or(start);
+                    times.push(at - start);
+                    let _ = limiter.try_acquire(at);
+                }
+                times
+            })
+            .collect();
+        due.sort();
+        let expected: Vec<Duration> = (0..12u32)
+            .map(|n| Duration::from_micros(2500) * n)
+            .collect();
+        assert_eq!(due, expected);
+        // Unlimited limiters have no schedule to spread.
+        let mut unlimited = RateLimiter::staggered(0.0, start, 3, count);
+        assert_eq!(unlimited.try_acquire(start), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::consumer::Consumer;
 use crate::publisher::Publisher;
+use crate::rate_limiter::RateLimiter;
 use crate::report::{Display, Summary};
 use crate::stats::{Sample, Sampler, Stats};
 use crate::topology;
@@ -159,13 +160,19 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
 
     let (stop_sender, stop) = watch::channel(false);
     let start = Instant::now();
+    let consumer_rate = workload.consumer_rate.unwrap_or(0.0);
+    let consumer_count = consumers.len();
     let mut consumer_tasks = JoinSet::new();
-    for consumer in consumers {
-        consumer_tasks.spawn(consumer.run(start, stop.clone()));
+    for (index, consumer) in consumers.into_iter().enumerate() {
+        let limiter = RateLimiter::staggered(consumer_rate, start, index, consumer_count);
+        consumer_tasks.spawn(consumer.run(limiter, stop.clone()));
     }
+    let producer_rate = workload.rate.unwrap_or(0.0);
+    let producer_count = publishers.len();
     let mut producer_tasks = JoinSet::new();
-    for publisher in publishers {
-        producer_tasks.spawn(publisher.run(start, stop.clone()));
+    for (index, publisher) in publishers.into_iter().enumerate() {
+        let limiter = RateLimiter::staggered(producer_rate, start, index, producer_count);
+        producer_tasks.spawn(publisher.run(limiter, stop.clone()));
     }
 
     let mut sampler = Sampler::default();
