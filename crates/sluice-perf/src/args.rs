@@ -136,6 +136,11 @@ pub struct PerfArgs {
     #[arg(long)]
     pub use_millis: bool,
 
+    /// Frame size to propose (frame_max), 0 for the broker's [default: the message size plus
+    /// 8, at least 4096 and at most 131072]
+    #[arg(short = 'M', long, value_name = "BYTES")]
+    pub framemax: Option<u32>,
+
     /// Write summary.json, per-second.csv and PNG charts into DIR (created if missing)
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
@@ -225,7 +230,8 @@ impl PerfArgs {
             confirm,
             qos,
             multi_ack_every,
-            auto_delete
+            auto_delete,
+            framemax
         );
         if let Some(text) = &self.queue_args {
             workload.queue_args = Some(

@@ -104,7 +104,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     let workload = Arc::new(workload.clone());
     let stats = Arc::new(Stats::default());
 
-    let setup = topology::connect(&workload.uri, "sluice-perf setup").await?;
+    let setup = topology::connect(&workload.uri, workload.frame_max(), "sluice-perf setup").await?;
     let setup_channel = setup
         .create_channel()
         .await
@@ -135,8 +135,12 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
             stats.clone(),
         );
         async move {
-            let connection =
-                topology::connect(&workload.uri, &format!("sluice-perf consumer {index}")).await?;
+            let connection = topology::connect(
+                &workload.uri,
+                workload.frame_max(),
+                &format!("sluice-perf consumer {index}"),
+            )
+            .await?;
             let queue = workload.consumer_queue(index, &names);
             Consumer::open(connection, &workload, queue, &run_key, stats).await
         }
@@ -150,8 +154,12 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
             stats.clone(),
         );
         async move {
-            let connection =
-                topology::connect(&workload.uri, &format!("sluice-perf producer {index}")).await?;
+            let connection = topology::connect(
+                &workload.uri,
+                workload.frame_max(),
+                &format!("sluice-perf producer {index}"),
+            )
+            .await?;
             let key = workload.producer_routing_key(index, &names, &run_key);
             Publisher::open(connection, &workload, key, stats).await
         }

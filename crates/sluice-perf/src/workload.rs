@@ -69,6 +69,9 @@ pub struct Workload {
     /// Seconds; `None`: until the message limits are reached or Ctrl-C.
     pub time: Option<f64>,
     pub use_millis: bool,
+    /// Frame size to propose (PerfTest's `--framemax`); `None`: one that fits a message,
+    /// see [`Workload::frame_max`].
+    pub framemax: Option<u32>,
 }
 
 impl Default for Workload {
@@ -100,6 +103,7 @@ impl Default for Workload {
             cmessages: None,
             time: None,
             use_millis: false,
+            framemax: None,
         }
     }
 }
@@ -110,13 +114,37 @@ const PATTERN_NUMBER: &str = "%d";
 /// Queue names longer than AMQP's short-string limit cannot be declared.
 const QUEUE_NAME_LEN_MAX: usize = 255;
 
+/// AMQP 0-9-1's `FRAME-MIN-SIZE`, and the largest frame proposed unless asked: RabbitMQ's
+/// and Sluice's default `frame_max`.
+const FRAME_MIN: u32 = 4096;
+const FRAME_DEFAULT_MAX: u32 = 131_072;
+
+/// A body frame's header and end octet.
+const FRAME_OVERHEAD: usize = 8;
+
 impl Workload {
+    /// The frame size each connection proposes: `--framemax` if given (0: the broker's), else
+    /// the smallest that carries a whole message body in one frame, between 4 KiB and
+    /// 128 KiB (see [`crate::topology::connect`] for why not simply the broker's).
+    pub fn frame_max(&self) -> u32 {
+        self.framemax.unwrap_or_else(|| {
+            let fits = u32::try_from(self.size.saturating_add(FRAME_OVERHEAD)).unwrap_or(u32::MAX);
+            fits.clamp(FRAME_MIN, FRAME_DEFAULT_MAX)
+        })
+    }
+
     /// Checks what the flags cannot express on their own.
     ///
     /// # Errors
     /// [`PerfError::Args`] naming the flag to fix.
     pub fn validate(&self) -> Result<(), PerfError> {
         let fail = |text: String| Err(PerfError::Args(text));
+        if let Some(frame_max) = self.framemax.filter(|&size| size > 0 && size < FRAME_MIN) {
+            return fail(format!(
+                "--framemax {frame_max} is below AMQP's minimum frame of {FRAME_MIN} bytes \
+                 (0 takes the broker's)"
+            ));
+        }
         if let Some(pattern) = &self.queue_pattern {
             if !pattern.contains(PATTERN_NUMBER) {
                 return fail(format!("--queue-pattern '{pattern}' has no %d"));
@@ -283,6 +311,29 @@ mod tests {
         assert_eq!(workload.consumer_queue(4, &names).unwrap(), "q-4");
         assert_eq!(workload.producer_routing_key(2, &names, "run"), "q-5");
         assert_eq!(workload.binding_key("q-3"), "q-3");
+    }
+
+    #[test]
+    fn workload_frame_fits_the_message_unless_asked() {
+        let sized = |size| Workload {
+            size,
+            ..Workload::default()
+        };
+        assert_eq!(sized(12).frame_max(), 4096);
+        assert_eq!(sized(10_000).frame_max(), 10_008);
+        assert_eq!(sized(4 << 20).frame_max(), 131_072);
+        let asked = Workload {
+            framemax: Some(0),
+            ..sized(1000)
+        };
+        assert_eq!(asked.frame_max(), 0);
+        asked.validate().unwrap();
+        let too_small = Workload {
+            framemax: Some(1024),
+            ..sized(1000)
+        };
+        let err = too_small.validate().unwrap_err().to_string();
+        assert!(err.contains("--framemax 1024 is below"), "{err}");
     }
 
     #[test]
