@@ -236,3 +236,30 @@ async fn multiple_acks_reach_the_broker_in_order() {
         results[0].summary
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_propose_a_frame_that_fits_the_message() {
+    let data = TempDir::new("data");
+    let server = start_server(&data.0).await;
+    let uri = format!("amqp://guest:guest@{}", server.local_address);
+    let negotiated = |uri: String, proposed: u32| async move {
+        let connection = sluice_perf::topology::connect(&uri, proposed, "frame test")
+            .await
+            .expect("connects");
+        let frame_max = connection.configuration().frame_max();
+        connection.close(200, "OK".into()).await.unwrap();
+        frame_max
+    };
+    let fitted = args(&["--size", "1000"])
+        .workload(None)
+        .unwrap()
+        .frame_max();
+    assert_eq!(negotiated(uri.clone(), fitted).await, 4096);
+    // The URI's own frame_max wins; 0 takes the broker's (Sluice's default, 128 KiB).
+    assert_eq!(
+        negotiated(format!("{uri}?frame_max=16384"), fitted).await,
+        16384
+    );
+    assert_eq!(negotiated(uri.clone(), 0).await, 131_072);
+    server.stop().await;
+}
