@@ -141,6 +141,16 @@ pub struct PerfArgs {
     #[arg(short = 'M', long, value_name = "BYTES")]
     pub framemax: Option<u32>,
 
+    /// SO_SNDBUF of each connection's socket, 0 for the kernel's autotuning [default: 65536,
+    /// as PerfTest]
+    #[arg(long, value_name = "BYTES")]
+    pub tcp_send_buffer_size: Option<u32>,
+
+    /// SO_RCVBUF of each connection's socket, 0 for the kernel's autotuning [default: 65536,
+    /// as PerfTest]
+    #[arg(long, value_name = "BYTES")]
+    pub tcp_receive_buffer_size: Option<u32>,
+
     /// Write summary.json, per-second.csv and PNG charts into DIR (created if missing)
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
@@ -233,6 +243,7 @@ impl PerfArgs {
             auto_delete,
             framemax
         );
+        take!(tcp_send_buffer_size, tcp_receive_buffer_size);
         if let Some(text) = &self.queue_args {
             workload.queue_args = Some(
                 parse_queue_arguments(text)

@@ -104,7 +104,12 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     let workload = Arc::new(workload.clone());
     let stats = Arc::new(Stats::default());
 
-    let setup = topology::connect(&workload.uri, workload.frame_max(), "sluice-perf setup").await?;
+    let setup = topology::connect(
+        &workload.uri,
+        workload.connection_options(),
+        "sluice-perf setup",
+    )
+    .await?;
     let setup_channel = setup
         .create_channel()
         .await
@@ -137,7 +142,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         async move {
             let connection = topology::connect(
                 &workload.uri,
-                workload.frame_max(),
+                workload.connection_options(),
                 &format!("sluice-perf consumer {index}"),
             )
             .await?;
@@ -156,7 +161,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         async move {
             let connection = topology::connect(
                 &workload.uri,
-                workload.frame_max(),
+                workload.connection_options(),
                 &format!("sluice-perf producer {index}"),
             )
             .await?;

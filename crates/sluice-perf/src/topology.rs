@@ -3,38 +3,111 @@
 //! named queues, one server-named queue per consumer (see [`crate::consumer`]). Queues are
 //! durable when messages are persistent, auto-delete unless told otherwise.
 
+use async_compat::Compat;
 use lapin::options::{
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
+use lapin::tcp::AsyncTcpStream;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::uri::AMQPUri;
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::workload::{QueueArgument, Workload};
 use crate::PerfError;
 
-/// Opens a connection named `name` (the broker shows it in its connection list), proposing
-/// `frame_max` unless the URI sets `?frame_max=` itself (0 takes the broker's).
+/// How each connection is set up, from the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionOptions {
+    /// Proposed `frame_max`, unless the URI sets `?frame_max=`; 0 takes the broker's.
+    pub frame_max: u32,
+    /// SO_SNDBUF and SO_RCVBUF; 0 leaves them to the kernel.
+    pub send_buffer: u32,
+    pub receive_buffer: u32,
+}
+
+/// Opens a connection named `name` (the broker shows it in its connection list).
 ///
-/// lapin gives every connection a receive and a send buffer of 32 frames each, filled with
-/// zeroes, at the negotiated frame size: at RabbitMQ's and Sluice's 128 KiB that is 8 MiB a
-/// connection, 1.6 GB for the 200 connections of seed 5 at a fifth of its scale. A frame
-/// that fits the message keeps both the memory and the zeroing in proportion.
+/// **Frame size.** lapin gives every connection a receive and a send buffer of 32 frames
+/// each, filled with zeroes, at the negotiated frame size: at RabbitMQ's and Sluice's 128 KiB
+/// that is 8 MiB a connection, 1.6 GB for the 200 connections of seed 5 at a fifth of its
+/// scale. A frame that fits the message keeps both the memory and the zeroing in proportion.
+///
+/// **Socket buffers.** PerfTest sets SO_SNDBUF and SO_RCVBUF to 64 KiB. Left to the kernel,
+/// a publisher's send buffer grows to 4 MiB, so a publisher without confirms that outruns
+/// its broker keeps megabytes in the kernel, and the time its messages wait there counts as
+/// latency: against RabbitMQ, one unthrottled publisher measured 320 ms p50 with autotuned
+/// buffers where PerfTest measured 16 ms. So `sluice perf` sets them as PerfTest does, on
+/// its own socket; lapin's connector takes that socket in place of one it would open.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker cannot be reached or refuses the login, or
 /// [`PerfError::Args`] if the URI does not parse.
-pub async fn connect(uri: &str, frame_max: u32, name: &str) -> Result<Connection, PerfError> {
+pub async fn connect(
+    uri: &str,
+    options: ConnectionOptions,
+    name: &str,
+) -> Result<Connection, PerfError> {
     let mut parsed: AMQPUri = uri
         .parse()
         .map_err(|err| PerfError::Args(format!("--uri {}: {err}", redact(uri))))?;
-    if parsed.query.frame_max.is_none() && frame_max > 0 {
-        parsed.query.frame_max = Some(frame_max);
+    if parsed.query.frame_max.is_none() && options.frame_max > 0 {
+        parsed.query.frame_max = Some(options.frame_max);
     }
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect_uri(parsed, properties)
+    let connecting = if parsed.scheme == AMQPScheme::AMQP {
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(PerfError::amqp("starting lapin's runtime"))?;
+        Connection::connector(
+            parsed,
+            runtime,
+            async move |uri: AMQPUri, _| {
+                Ok(AsyncTcpStream::Plain(open_socket(&uri, options).await?))
+            },
+            properties,
+        )
         .await
-        .map_err(PerfError::amqp(format!("connecting to {}", redact(uri))))
+    } else {
+        // TLS: lapin's own socket, with the kernel's buffer sizes.
+        Connection::connect_uri(parsed, properties).await
+    };
+    connecting.map_err(PerfError::amqp(format!("connecting to {}", redact(uri))))
+}
+
+/// Connects a TCP socket to the URI's host with the options' buffer sizes and Nagle's
+/// algorithm off, trying each address the host resolves to.
+async fn open_socket(
+    uri: &AMQPUri,
+    options: ConnectionOptions,
+) -> std::io::Result<Compat<TcpStream>> {
+    let host = (uri.authority.host.as_str(), uri.authority.port);
+    let mut last_error = None;
+    for address in tokio::net::lookup_host(host).await? {
+        let socket = if address.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        if options.send_buffer > 0 {
+            socket.set_send_buffer_size(options.send_buffer)?;
+        }
+        if options.receive_buffer > 0 {
+            socket.set_recv_buffer_size(options.receive_buffer)?;
+        }
+        match socket.connect(address).await {
+            Ok(stream) => {
+                stream.set_nodelay(true)?;
+                return Ok(Compat::new(stream));
+            }
+            Err(err) => last_error = Some(err),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} resolves to no address", uri.authority.host),
+        )
+    }))
 }
 
 /// The URI without its password, for messages.
@@ -175,5 +248,28 @@ mod tests {
             "amqp://guest:***@host:5672/%2f"
         );
         assert_eq!(redact("amqp://localhost"), "amqp://localhost");
+    }
+
+    #[tokio::test]
+    async fn sockets_get_the_asked_buffer_sizes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let uri: AMQPUri = format!("amqp://localhost:{port}").parse().unwrap();
+        let options = ConnectionOptions {
+            frame_max: 0,
+            send_buffer: 65_536,
+            receive_buffer: 32_768,
+        };
+        let stream = open_socket(&uri, options).await.unwrap().into_inner();
+        assert!(stream.nodelay().unwrap());
+        let socket = TcpSocket::from_std_stream(stream.into_std().unwrap());
+        // Linux doubles what it is asked for, to leave room for its own bookkeeping.
+        let sent = socket.send_buffer_size().unwrap();
+        let received = socket.recv_buffer_size().unwrap();
+        assert!((65_536..=131_072).contains(&sent), "SO_SNDBUF {sent}");
+        assert!(
+            (32_768..=65_536).contains(&received),
+            "SO_RCVBUF {received}"
+        );
     }
 }

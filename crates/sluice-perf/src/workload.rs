@@ -4,6 +4,8 @@
 
 use serde::Serialize;
 
+use crate::topology::ConnectionOptions;
+
 use crate::PerfError;
 
 /// PerfTest's `--flag` values.
@@ -72,6 +74,11 @@ pub struct Workload {
     /// Frame size to propose (PerfTest's `--framemax`); `None`: one that fits a message,
     /// see [`Workload::frame_max`].
     pub framemax: Option<u32>,
+    /// SO_SNDBUF and SO_RCVBUF of every connection's socket, as PerfTest's
+    /// `--tcp-send-buffer-size` and `--tcp-receive-buffer-size` (both 65536 by default);
+    /// 0 leaves the size to the kernel's autotuning.
+    pub tcp_send_buffer_size: u32,
+    pub tcp_receive_buffer_size: u32,
 }
 
 impl Default for Workload {
@@ -104,6 +111,8 @@ impl Default for Workload {
             time: None,
             use_millis: false,
             framemax: None,
+            tcp_send_buffer_size: PERFTEST_SOCKET_BUFFER,
+            tcp_receive_buffer_size: PERFTEST_SOCKET_BUFFER,
         }
     }
 }
@@ -114,6 +123,9 @@ const PATTERN_NUMBER: &str = "%d";
 /// Queue names longer than AMQP's short-string limit cannot be declared.
 const QUEUE_NAME_LEN_MAX: usize = 255;
 
+/// PerfTest's socket buffer sizes (its `-tsbs` and `-trbs` defaults).
+const PERFTEST_SOCKET_BUFFER: u32 = 65_536;
+
 /// AMQP 0-9-1's `FRAME-MIN-SIZE`, and the largest frame proposed unless asked: RabbitMQ's
 /// and Sluice's default `frame_max`.
 const FRAME_MIN: u32 = 4096;
@@ -123,6 +135,15 @@ const FRAME_DEFAULT_MAX: u32 = 131_072;
 const FRAME_OVERHEAD: usize = 8;
 
 impl Workload {
+    /// How each connection is set up.
+    pub fn connection_options(&self) -> ConnectionOptions {
+        ConnectionOptions {
+            frame_max: self.frame_max(),
+            send_buffer: self.tcp_send_buffer_size,
+            receive_buffer: self.tcp_receive_buffer_size,
+        }
+    }
+
     /// The frame size each connection proposes: `--framemax` if given (0: the broker's), else
     /// the smallest that carries a whole message body in one frame, between 4 KiB and
     /// 128 KiB (see [`crate::topology::connect`] for why not simply the broker's).

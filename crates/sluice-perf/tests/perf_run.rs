@@ -242,8 +242,13 @@ async fn connections_propose_a_frame_that_fits_the_message() {
     let data = TempDir::new("data");
     let server = start_server(&data.0).await;
     let uri = format!("amqp://guest:guest@{}", server.local_address);
-    let negotiated = |uri: String, proposed: u32| async move {
-        let connection = sluice_perf::topology::connect(&uri, proposed, "frame test")
+    let negotiated = |uri: String, frame_max: u32| async move {
+        let options = sluice_perf::topology::ConnectionOptions {
+            frame_max,
+            send_buffer: 0,
+            receive_buffer: 0,
+        };
+        let connection = sluice_perf::topology::connect(&uri, options, "frame test")
             .await
             .expect("connects");
         let frame_max = connection.configuration().frame_max();
