@@ -30,15 +30,14 @@ pub struct ConnectionOptions {
 ///
 /// **Frame size.** lapin gives every connection a receive and a send buffer of 32 frames
 /// each, filled with zeroes, at the negotiated frame size: at RabbitMQ's and Sluice's 128 KiB
-/// that is 8 MiB a connection, 1.6 GB for the 200 connections of seed 5 at a fifth of its
-/// scale. A frame that fits the message keeps both the memory and the zeroing in proportion.
+/// that is 8 MiB a connection, 1.6 GB for 100 producers and 100 consumers. A frame that fits the message keeps both the memory and the zeroing in proportion.
 ///
 /// **Socket buffers.** PerfTest sets SO_SNDBUF and SO_RCVBUF to 64 KiB. Left to the kernel,
 /// a publisher's send buffer grows to 4 MiB, so a publisher without confirms that outruns
 /// its broker keeps megabytes in the kernel, and the time its messages wait there counts as
-/// latency: against RabbitMQ, one unthrottled publisher measured 320 ms p50 with autotuned
-/// buffers where PerfTest measured 16 ms. So `sluice perf` sets them as PerfTest does, on
-/// its own socket; lapin's connector takes that socket in place of one it would open.
+/// latency: one unthrottled publisher against Sluice measured a p50 of 60–75 ms with
+/// autotuned buffers and 27–33 ms with PerfTest's. So `sluice perf` sets them as PerfTest
+/// does, on its own socket; lapin's connector takes that socket in place of one it would open.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker cannot be reached or refuses the login, or
