@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::{self, StoreConfig, STORE_KEYS};
+use crate::tcp_listen_options::{self, TcpListenOptions, TCP_LISTEN_KEYS};
 
 /// AMQP 0-9-1 `FRAME-MIN-SIZE`: the smallest `frame_max` a peer may negotiate. RabbitMQ uses
 /// the same floor.
@@ -92,6 +93,8 @@ pub struct Config {
     pub disk_free_limit_relative: Option<f64>,
     /// How queues keep messages on disk (`store.*`).
     pub store: StoreConfig,
+    /// Socket options of the AMQP listener (`tcp_listen_options.*`).
+    pub tcp_listen_options: TcpListenOptions,
     /// A definitions file in RabbitMQ's JSON format, read at start
     /// (`load_definitions`): its policies apply, its exchanges, queues and
     /// bindings are declared. Default none.
@@ -134,6 +137,7 @@ impl Default for Config {
             disk_free_limit_absolute_bytes: None,
             disk_free_limit_relative: None,
             store: StoreConfig::default(),
+            tcp_listen_options: TcpListenOptions::default(),
             load_definitions: None,
         }
     }
@@ -410,6 +414,23 @@ impl Config {
                             })?,
                     );
                 }
+                _ if key.starts_with("tcp_listen_options.") => {
+                    match tcp_listen_options::apply(
+                        &mut config.tcp_listen_options,
+                        key,
+                        value,
+                        parse_information_unit,
+                    ) {
+                        Some(result) => result.map_err(|expected| invalid(&expected))?,
+                        None => {
+                            return Err(ConfigError::UnknownKey {
+                                line,
+                                key: key.to_owned(),
+                                suggestion: closest_key(key),
+                            })
+                        }
+                    }
+                }
                 _ if key.starts_with("store.") => {
                     match store_config::apply(&mut config.store, key, value, parse_information_unit)
                     {
@@ -620,6 +641,7 @@ fn closest_key(key: &str) -> Option<&'static str> {
     KNOWN_KEYS
         .iter()
         .chain(STORE_KEYS)
+        .chain(TCP_LISTEN_KEYS)
         .map(|known| (edit_distance(key, known), *known))
         .filter(|(distance, _)| *distance <= TYPO_DISTANCE_MAX)
         .min_by_key(|(distance, _)| *distance)
@@ -1095,6 +1117,25 @@ mod tests {
             error("credit_flow_default_credi = 400"),
             "line 1: unknown key 'credit_flow_default_credi' (did you mean 'credit_flow_default_credit'?)"
         );
+    }
+
+    #[test]
+    fn tcp_listen_options_are_read_and_checked() {
+        let config = parse(
+            "tcp_listen_options.backlog = 4096\ntcp_listen_options.recbuf = 64KiB\n\
+             tcp_listen_options.nodelay = false",
+        )
+        .unwrap();
+        assert_eq!(config.tcp_listen_options.backlog, 4096);
+        assert_eq!(config.tcp_listen_options.recbuf, Some(65_536));
+        assert_eq!(config.tcp_listen_options.sndbuf, None);
+        assert!(!config.tcp_listen_options.nodelay);
+        assert_eq!(
+            error("tcp_listen_options.recbf = 65536"),
+            "line 1: unknown key 'tcp_listen_options.recbf' (did you mean 'tcp_listen_options.recbuf'?)"
+        );
+        assert!(error("\ntcp_listen_options.sndbuf = 1k")
+            .starts_with("line 2: invalid value '1k' for 'tcp_listen_options.sndbuf'"));
     }
 
     #[test]

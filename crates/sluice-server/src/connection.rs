@@ -97,7 +97,7 @@ pub async fn serve(
         registry,
         in_flight,
     } = throttle;
-    let _ = stream.set_nodelay(true);
+    let _ = stream.set_nodelay(settings.nodelay);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
     // A connection still in its handshake has nothing to close politely: on

@@ -29,5 +29,6 @@ pub mod resource_limit;
 pub mod server;
 pub mod settings;
 pub mod store_config;
+pub mod tcp_listen_options;
 
 pub use server::{run, start, RunningServer, ServerError};

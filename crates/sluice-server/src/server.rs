@@ -21,6 +21,7 @@ use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::in_flight::InFlightBytes;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
+use crate::tcp_listen_options;
 
 /// Open connections get this long to finish their close handshake when the
 /// broker shuts down.
@@ -100,11 +101,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
         None => None,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServerError::Bind {
-            address: config.listen,
-            source,
+    let listener =
+        tcp_listen_options::bind(config.listen, &config.tcp_listen_options).map_err(|source| {
+            ServerError::Bind {
+                address: config.listen,
+                source,
+            }
         })?;
     let local_address = listener.local_addr().map_err(|source| ServerError::Bind {
         address: config.listen,

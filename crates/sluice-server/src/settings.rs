@@ -13,6 +13,8 @@ pub struct ServerSettings {
     pub publish_credit: u32,
     pub handshake_timeout: Duration,
     pub cluster_name: String,
+    /// Disable Nagle's algorithm on each accepted connection (`tcp_listen_options.nodelay`).
+    pub nodelay: bool,
 }
 
 impl ServerSettings {
@@ -25,6 +27,7 @@ impl ServerSettings {
             publish_credit: config.credit_flow_default_credit,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             cluster_name: format!("sluice@{}", hostname()),
+            nodelay: config.tcp_listen_options.nodelay,
         }
     }
 }
