@@ -23,6 +23,7 @@ use sluice_wire::content::RawProperties;
 
 use crate::arguments::as_text;
 use crate::message::Message;
+use crate::sender_selected::{header_routes, text_bytes};
 
 /// Why a message was dead-lettered: the `reason` of its `x-death` entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,34 +95,8 @@ fn long_string(bytes: &[u8]) -> AMQPValue {
     AMQPValue::LongString(LongString::from(bytes.to_vec()))
 }
 
-fn text_of(value: &AMQPValue) -> Option<&[u8]> {
-    match value {
-        AMQPValue::LongString(text) => Some(text.as_bytes()),
-        AMQPValue::ShortString(text) => Some(text.as_str().as_bytes()),
-        _ => None,
-    }
-}
-
-/// The CC and BCC routing keys in a message's headers
-/// (`rabbit_basic:header_routes/1`): arrays of strings.
-fn header_routes(headers: &FieldTable) -> Vec<Bytes> {
-    let mut routes = Vec::new();
-    for key in ["CC", "BCC"] {
-        if let Some(AMQPValue::FieldArray(array)) = headers.inner().get(key) {
-            routes.extend(
-                array
-                    .as_slice()
-                    .iter()
-                    .filter_map(text_of)
-                    .map(Bytes::copy_from_slice),
-            );
-        }
-    }
-    routes
-}
-
 fn entry_text<'a>(entry: &'a FieldTable, key: &str) -> Option<&'a [u8]> {
-    entry.inner().get(key).and_then(text_of)
+    entry.inner().get(key).and_then(text_bytes)
 }
 
 /// Adds this death to the `x-death` header as RabbitMQ 3.10 does: the
@@ -205,7 +180,7 @@ pub fn dead_lettered(
         .as_ref()
         .map(|headers| headers.inner().clone())
         .unwrap_or_default();
-    let cc_and_bcc = header_routes(&FieldTable::from(headers.clone()));
+    let cc_and_bcc = header_routes(&headers);
     let mut death_keys = Vec::with_capacity(1 + cc_and_bcc.len());
     death_keys.push(long_string(&message.routing_key));
     death_keys.extend(cc_and_bcc.iter().map(|key| long_string(key)));

@@ -43,4 +43,5 @@ pub mod queue_timer;
 pub mod ready;
 pub mod reply_to;
 pub mod segment_liveness;
+pub mod sender_selected;
 pub mod vhost;

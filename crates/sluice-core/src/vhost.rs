@@ -679,22 +679,12 @@ impl VirtualHost {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
         let mut scratch = RouteScratch::default();
-        let mut routed = Vec::new();
         let mut destinations: Vec<Arc<Queue>> = Vec::new();
         for dead in dead_letters {
             let copy = dead_lettered(&dead.message, dead.reason, queue, target, time_s);
             let headers = (exchange.kind == ExchangeKind::Headers).then_some(&copy.headers);
-            for key in &copy.routing_keys {
-                self.route(&exchange, key, headers, &mut scratch, &mut routed);
-                for destination in routed.drain(..) {
-                    if !destinations
-                        .iter()
-                        .any(|known| Arc::ptr_eq(known, &destination))
-                    {
-                        destinations.push(destination);
-                    }
-                }
-            }
+            let keys: Vec<&[u8]> = copy.routing_keys.iter().map(|key| &key[..]).collect();
+            self.route_keys(&exchange, &keys, headers, &mut scratch, &mut destinations);
             let message = Arc::new(copy.message);
             for destination in destinations.drain(..) {
                 if dead.reason != DeathReason::Rejected
@@ -816,19 +806,43 @@ impl VirtualHost {
         scratch: &mut RouteScratch,
         out: &mut Vec<Arc<Queue>>,
     ) {
+        self.route_keys(exchange, &[routing_key], headers, scratch, out);
+    }
+
+    /// [`VirtualHost::route`] with several routing keys at once: a message's
+    /// own and its CC and BCC keys (see [`crate::sender_selected`]), or a
+    /// dead-lettered copy's. As in RabbitMQ, each queue gets one copy, and
+    /// an exchange hands the message to its alternate exchange only when no
+    /// key routes it anywhere.
+    pub fn route_keys(
+        &self,
+        exchange: &Arc<Exchange>,
+        routing_keys: &[&[u8]],
+        headers: Option<&FieldTable>,
+        scratch: &mut RouteScratch,
+        out: &mut Vec<Arc<Queue>>,
+    ) {
         out.clear();
         if exchange.is_default() {
-            if let Ok(name) = std::str::from_utf8(routing_key) {
-                if let Some(queue) = read(&self.queues).get(name) {
-                    out.push(Arc::clone(queue));
+            let queues = read(&self.queues);
+            for key in routing_keys {
+                let Ok(name) = std::str::from_utf8(key) else {
+                    continue;
+                };
+                if let Some(queue) = queues.get(name) {
+                    if !out.iter().any(|seen| Arc::ptr_eq(seen, queue)) {
+                        out.push(Arc::clone(queue));
+                    }
                 }
             }
             return;
         }
         scratch.destinations.clear();
-        exchange
-            .routing()
-            .route(routing_key, headers, &mut scratch.destinations);
+        for key in routing_keys {
+            exchange
+                .routing()
+                .route(key, headers, &mut scratch.destinations);
+        }
         if scratch.destinations.is_empty() {
             // Routed nowhere: the alternate exchange, if any, takes the
             // message. Only here, so routable messages never pay for it.
@@ -844,7 +858,7 @@ impl VirtualHost {
             .iter()
             .any(|destination| matches!(destination, Destination::Exchange(_)));
         if has_exchange_hops {
-            self.follow_exchange_bindings(exchange, routing_key, headers, scratch);
+            self.follow_exchange_bindings(exchange, routing_keys, headers, scratch);
         }
         let queues = read(&self.queues);
         for destination in &scratch.destinations {
@@ -866,7 +880,7 @@ impl VirtualHost {
     fn follow_exchange_bindings(
         &self,
         source: &Arc<Exchange>,
-        routing_key: &[u8],
+        routing_keys: &[&[u8]],
         headers: Option<&FieldTable>,
         scratch: &mut RouteScratch,
     ) {
@@ -880,8 +894,10 @@ impl VirtualHost {
                     hops += 1;
                     if let Ok(next) = self.exchange(name) {
                         let before = scratch.destinations.len();
-                        next.routing()
-                            .route(routing_key, headers, &mut scratch.destinations);
+                        for key in routing_keys {
+                            next.routing()
+                                .route(key, headers, &mut scratch.destinations);
+                        }
                         if scratch.destinations.len() == before {
                             if let Some(alternate) = &next.alternate_exchange {
                                 scratch

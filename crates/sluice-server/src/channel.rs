@@ -16,6 +16,7 @@ use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
+use sluice_core::sender_selected::{header_routes, without_bcc};
 use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
@@ -349,28 +350,52 @@ impl Channel {
         &mut self,
         context: &ConnectionContext,
         exchange: &Arc<Exchange>,
-        message: Arc<Message>,
+        mut message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
-        let decoded_headers;
-        let headers = if exchange.kind == ExchangeKind::Headers && message.properties.has_headers()
-        {
-            decoded_headers = message
-                .properties
-                .decode()
-                .ok()
-                .and_then(|properties| properties.headers().clone());
-            decoded_headers.as_ref()
+        // Only a message with headers pays for decoding them: the headers
+        // exchange matches on them, and CC and BCC add routing keys.
+        let decoded = if message.properties.has_headers() {
+            message.properties.decode().ok()
         } else {
             None
         };
-        context.vhost.route(
-            exchange,
-            &publish.routing_key,
-            headers,
-            &mut self.route_scratch,
-            &mut self.route_queues,
-        );
+        let headers = decoded
+            .as_ref()
+            .and_then(|properties| properties.headers().as_ref());
+        let routing_headers = headers.filter(|_| exchange.kind == ExchangeKind::Headers);
+        let header_keys = headers.map(|headers| header_routes(headers.inner()));
+        match header_keys.as_deref() {
+            Some(extra) if !extra.is_empty() => {
+                let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + extra.len());
+                keys.push(&publish.routing_key);
+                keys.extend(extra.iter().map(|key| &key[..]));
+                context.vhost.route_keys(
+                    exchange,
+                    &keys,
+                    routing_headers,
+                    &mut self.route_scratch,
+                    &mut self.route_queues,
+                );
+            }
+            _ => context.vhost.route(
+                exchange,
+                &publish.routing_key,
+                routing_headers,
+                &mut self.route_scratch,
+                &mut self.route_queues,
+            ),
+        }
+        if let (Some(properties), Some(headers)) = (&decoded, headers) {
+            if let Some(kept) = without_bcc(headers) {
+                message = Arc::new(Message {
+                    properties: RawProperties::from_properties(
+                        &properties.clone().with_headers(kept),
+                    ),
+                    ..(*message).clone()
+                });
+            }
+        }
         if self.route_queues.is_empty() && exchange.is_default() {
             // A reply to a direct reply-to name reaches its consumer, or is
             // dropped when that channel is gone. Either way it counts as

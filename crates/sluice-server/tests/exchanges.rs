@@ -762,3 +762,117 @@ async fn exchanges_consumers_see_exchange_and_routing_key() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// Sender-selected distribution: CC and BCC headers add routing keys, each
+/// queue gets one copy, BCC never reaches a consumer, and the alternate
+/// exchange takes the message only when no key routes it.
+#[tokio::test]
+async fn exchanges_cc_and_bcc_headers_add_routing_keys() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare_exchange(
+        &channel,
+        "x-cc-ae",
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions::default(),
+    )
+    .await
+    .unwrap();
+    declare(&channel, "q-ae").await;
+    bind(&channel, "q-ae", "x-cc-ae", "", FieldTable::default()).await;
+    channel
+        .exchange_declare(
+            "x-cc".into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            table(&[("alternate-exchange", text("x-cc-ae"))]),
+        )
+        .await
+        .unwrap();
+    for (queue, key) in [("q-main", "main"), ("q-cc", "cc"), ("q-bcc", "bcc")] {
+        declare(&channel, queue).await;
+        bind(&channel, queue, "x-cc", key, FieldTable::default()).await;
+    }
+    let keys = |values: &[&str]| {
+        AMQPValue::FieldArray(
+            values
+                .iter()
+                .map(|value| text(value))
+                .collect::<Vec<_>>()
+                .into(),
+        )
+    };
+    let with_headers =
+        |entries: &[(&str, AMQPValue)]| BasicProperties::default().with_headers(table(entries));
+
+    // CC repeats the routing key and names a key bound nowhere: still one
+    // copy per queue, and the alternate exchange is not used.
+    publish_with(
+        &channel,
+        "x-cc",
+        "main",
+        b"m1",
+        with_headers(&[
+            ("CC", keys(&["cc", "main", "unbound"])),
+            ("BCC", keys(&["bcc"])),
+        ]),
+    )
+    .await;
+    let copy = channel
+        .basic_get(
+            "q-cc".into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+        .expect("the CC queue has its copy");
+    let headers = copy.delivery.properties.headers().clone().unwrap();
+    assert!(
+        headers.inner().contains_key("CC"),
+        "CC is kept: {headers:?}"
+    );
+    assert!(
+        !headers.inner().contains_key("BCC"),
+        "BCC is stripped: {headers:?}"
+    );
+    assert_eq!(drain(&channel, "q-main").await, vec!["m1"]);
+    assert_eq!(drain(&channel, "q-bcc").await, vec!["m1"]);
+    assert!(drain(&channel, "q-cc").await.is_empty());
+    assert!(drain(&channel, "q-ae").await.is_empty());
+
+    // The routing key matches nothing but a CC key does: no alternate.
+    publish_with(
+        &channel,
+        "x-cc",
+        "nowhere",
+        b"m2",
+        with_headers(&[("CC", keys(&["cc"]))]),
+    )
+    .await;
+    assert_eq!(drain(&channel, "q-cc").await, vec!["m2"]);
+    assert!(drain(&channel, "q-ae").await.is_empty());
+    // No key matches: the alternate exchange takes it, once.
+    publish_with(
+        &channel,
+        "x-cc",
+        "nowhere",
+        b"m3",
+        with_headers(&[("BCC", keys(&["none"]))]),
+    )
+    .await;
+    assert_eq!(drain(&channel, "q-ae").await, vec!["m3"]);
+
+    // The default exchange routes CC keys to the queues they name.
+    publish_with(
+        &channel,
+        "",
+        "q-main",
+        b"m4",
+        with_headers(&[("CC", keys(&["q-bcc"]))]),
+    )
+    .await;
+    assert_eq!(drain(&channel, "q-main").await, vec!["m4"]);
+    assert_eq!(drain(&channel, "q-bcc").await, vec!["m4"]);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
