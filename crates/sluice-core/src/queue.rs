@@ -102,6 +102,9 @@ pub enum PublishOutcome {
 /// they are buffers, paged to disk, bounded by the disk alarm.
 pub const FLOW_BACKLOG_MESSAGES: usize = 1024;
 
+/// The same bound in body bytes, for large messages.
+pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
+
 /// A queue without consumers, or any queue while the node's read-ahead
 /// budget is spent, keeps this fraction of its read-ahead window in memory
 /// (256 messages or 1 MiB by default) and pages the rest.
@@ -125,9 +128,6 @@ fn resident_window(storage: &QueueStorage, has_consumers: bool) -> (usize, u64) 
         settings.resident_bytes_max / divisor as u64,
     )
 }
-
-/// The same bound in body bytes, for large messages.
-pub const FLOW_BACKLOG_BYTES: u64 = 16 * 1024 * 1024;
 
 /// A priority queue (`x-max-priority`) keeps every ready message in memory:
 /// it does not page, because a message paged in arrival order could be

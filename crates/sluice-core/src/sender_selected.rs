@@ -8,9 +8,24 @@ use std::collections::BTreeMap;
 
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use bytes::Bytes;
+use sluice_wire::content::RawProperties;
 
 /// The header naming routing keys that are stripped before delivery.
 const BCC: &str = "BCC";
+
+/// Whether the encoded properties may hold a `CC` array or a `BCC` header: a scan of the
+/// bytes for the keys as a field table encodes them (length octet, name, and for `CC` the
+/// array tag), so a message whose headers carry neither is never decoded for them. A match
+/// inside some other value only costs that decode.
+pub fn may_have_header_routes(properties: &RawProperties) -> bool {
+    const CC_ARRAY: &[u8] = b"\x02CCA";
+    const BCC_KEY: &[u8] = b"\x03BCC";
+    properties.has_headers()
+        && properties
+            .as_bytes()
+            .windows(CC_ARRAY.len())
+            .any(|window| window == CC_ARRAY || window[..BCC_KEY.len()] == *BCC_KEY)
+}
 
 /// The CC and BCC routing keys in a message's headers, in that order. Values that are not
 /// arrays, and array entries that are not strings, are ignored, as in RabbitMQ.
@@ -77,6 +92,40 @@ mod tests {
         assert!(stripped.inner().contains_key("CC"));
         assert!(stripped.inner().contains_key("other"));
         assert_eq!(without_bcc(&stripped), None);
+    }
+
+    #[test]
+    fn only_headers_naming_cc_or_bcc_are_worth_decoding() {
+        let encoded = |entries: Vec<(&str, AMQPValue)>| {
+            let mut headers = FieldTable::default();
+            for (key, value) in entries {
+                headers.insert(key.into(), value);
+            }
+            RawProperties::from_properties(
+                &amq_protocol::protocol::BasicProperties::default().with_headers(headers),
+            )
+        };
+        assert!(may_have_header_routes(&encoded(vec![(
+            "CC",
+            strings(&["a"])
+        )])));
+        // BCC is stripped whatever its type.
+        assert!(may_have_header_routes(&encoded(vec![(
+            "BCC",
+            AMQPValue::LongLongInt(1)
+        )])));
+        assert!(!may_have_header_routes(&encoded(vec![(
+            "trace-id",
+            strings(&["abc"])
+        )])));
+        // A CC that is not an array routes nowhere, so it needs no decode.
+        assert!(!may_have_header_routes(&encoded(vec![(
+            "CC",
+            AMQPValue::LongString(LongString::from(b"a".to_vec()))
+        )])));
+        assert!(!may_have_header_routes(&RawProperties::from_properties(
+            &amq_protocol::protocol::BasicProperties::default()
+        )));
     }
 
     #[test]

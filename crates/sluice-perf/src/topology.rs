@@ -30,7 +30,8 @@ pub struct ConnectionOptions {
 ///
 /// **Frame size.** lapin gives every connection a receive and a send buffer of 32 frames
 /// each, filled with zeroes, at the negotiated frame size: at RabbitMQ's and Sluice's 128 KiB
-/// that is 8 MiB a connection, 1.6 GB for 100 producers and 100 consumers. A frame that fits the message keeps both the memory and the zeroing in proportion.
+/// that is 8 MiB a connection, 1.6 GB for 100 producers and 100 consumers. A frame that fits
+/// the message keeps both the memory and the zeroing in proportion.
 ///
 /// **Socket buffers.** PerfTest sets SO_SNDBUF and SO_RCVBUF to 64 KiB. Left to the kernel,
 /// a publisher's send buffer grows to 4 MiB, so a publisher without confirms that outruns

@@ -5,7 +5,6 @@
 use serde::Serialize;
 
 use crate::topology::ConnectionOptions;
-
 use crate::PerfError;
 
 /// PerfTest's `--flag` values.

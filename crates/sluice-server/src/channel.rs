@@ -16,7 +16,7 @@ use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
-use sluice_core::sender_selected::{header_routes, without_bcc};
+use sluice_core::sender_selected::{header_routes, may_have_header_routes, without_bcc};
 use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
@@ -353,9 +353,13 @@ impl Channel {
         mut message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
-        // Only a message with headers pays for decoding them: the headers
-        // exchange matches on them, and CC and BCC add routing keys.
-        let decoded = if message.properties.has_headers() {
+        // Headers are decoded only when something reads them: the headers
+        // exchange, or CC and BCC, which add routing keys (and BCC is
+        // stripped). Other messages with headers pass as they came.
+        let header_routed = may_have_header_routes(&message.properties);
+        let decoded = if header_routed
+            || (exchange.kind == ExchangeKind::Headers && message.properties.has_headers())
+        {
             message.properties.decode().ok()
         } else {
             None
@@ -364,29 +368,31 @@ impl Channel {
             .as_ref()
             .and_then(|properties| properties.headers().as_ref());
         let routing_headers = headers.filter(|_| exchange.kind == ExchangeKind::Headers);
-        let header_keys = headers.map(|headers| header_routes(headers.inner()));
-        match header_keys.as_deref() {
-            Some(extra) if !extra.is_empty() => {
-                let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + extra.len());
-                keys.push(&publish.routing_key);
-                keys.extend(extra.iter().map(|key| &key[..]));
-                context.vhost.route_keys(
-                    exchange,
-                    &keys,
-                    routing_headers,
-                    &mut self.route_scratch,
-                    &mut self.route_queues,
-                );
-            }
-            _ => context.vhost.route(
+        let header_keys = headers
+            .filter(|_| header_routed)
+            .map(|headers| header_routes(headers.inner()))
+            .unwrap_or_default();
+        if header_keys.is_empty() {
+            context.vhost.route(
                 exchange,
                 &publish.routing_key,
                 routing_headers,
                 &mut self.route_scratch,
                 &mut self.route_queues,
-            ),
+            );
+        } else {
+            let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + header_keys.len());
+            keys.push(&publish.routing_key);
+            keys.extend(header_keys.iter().map(|key| &key[..]));
+            context.vhost.route_keys(
+                exchange,
+                &keys,
+                routing_headers,
+                &mut self.route_scratch,
+                &mut self.route_queues,
+            );
         }
-        if let (Some(properties), Some(headers)) = (&decoded, headers) {
+        if let (Some(properties), Some(headers)) = (&decoded, headers.filter(|_| header_routed)) {
             if let Some(kept) = without_bcc(headers) {
                 message = Arc::new(Message {
                     properties: RawProperties::from_properties(

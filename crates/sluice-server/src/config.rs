@@ -414,26 +414,18 @@ impl Config {
                             })?,
                     );
                 }
-                _ if key.starts_with("tcp_listen_options.") => {
-                    match tcp_listen_options::apply(
-                        &mut config.tcp_listen_options,
-                        key,
-                        value,
-                        parse_information_unit,
-                    ) {
-                        Some(result) => result.map_err(|expected| invalid(&expected))?,
-                        None => {
-                            return Err(ConfigError::UnknownKey {
-                                line,
-                                key: key.to_owned(),
-                                suggestion: closest_key(key),
-                            })
-                        }
-                    }
-                }
-                _ if key.starts_with("store.") => {
-                    match store_config::apply(&mut config.store, key, value, parse_information_unit)
-                    {
+                _ if key.starts_with("store.") || key.starts_with("tcp_listen_options.") => {
+                    let applied = if key.starts_with("store.") {
+                        store_config::apply(&mut config.store, key, value, parse_information_unit)
+                    } else {
+                        tcp_listen_options::apply(
+                            &mut config.tcp_listen_options,
+                            key,
+                            value,
+                            parse_information_unit,
+                        )
+                    };
+                    match applied {
                         Some(result) => result.map_err(|expected| invalid(&expected))?,
                         None => {
                             return Err(ConfigError::UnknownKey {

@@ -3,7 +3,7 @@
 //! buffer sizes).
 //!
 //! Buffer sizes and keepalive are set on the listening socket, before `listen`, and every
-//! accepted connection inherits them: a receive buffer has to be sized before the handshake,
+//! accepted connection inherits them (`nodelay` is set per connection, in `connection.rs`): a receive buffer has to be sized before the handshake,
 //! because it decides the window scale TCP announces in it.
 //!
 //! Why set the buffers at all: the kernel grows each busy connection's buffers to megabytes
@@ -16,7 +16,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket};
 
 /// Socket options of the AMQP listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,11 +125,6 @@ pub fn bind(address: SocketAddr, options: &TcpListenOptions) -> io::Result<TcpLi
     socket.listen(options.backlog)
 }
 
-/// Sets what an accepted connection does not take from its listener.
-pub fn configure_accepted(stream: &TcpStream, options: &TcpListenOptions) -> io::Result<()> {
-    stream.set_nodelay(options.nodelay)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,10 +176,8 @@ mod tests {
         };
         let listener = bind("127.0.0.1:0".parse().unwrap(), &options).unwrap();
         let address = listener.local_addr().unwrap();
-        let _client = TcpStream::connect(address).await.unwrap();
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
-        configure_accepted(&accepted, &options).unwrap();
-        assert!(accepted.nodelay().unwrap());
         let socket = TcpSocket::from_std_stream(accepted.into_std().unwrap());
         assert!(socket.keepalive().unwrap());
         // Linux doubles what it is asked for; other kernels store it as given.
