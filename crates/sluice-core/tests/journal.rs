@@ -124,6 +124,9 @@ fn persistent_messages_come_back_once_and_acked_or_paged_ones_do_not() {
         assert_eq!(read.body.len(), paged.body_size as usize);
         assert!(read.properties.is_persistent());
     }
+    // Dropping waits for a segment being zero-filled ahead, which
+    // would otherwise race the removal below.
+    drop(recovered);
     group.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -156,6 +159,9 @@ fn segments_roll_over_and_go_once_everything_in_them_is_acked() {
         after <= 2,
         "dead segments are deleted: {after} left of {before}"
     );
+    // Dropping waits for a segment being zero-filled ahead, which
+    // would otherwise race the removal below.
+    drop(journal);
     group.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -245,6 +251,9 @@ fn compaction_moves_a_few_pinning_messages_forward_and_frees_the_run() {
         .map(|paged| paged.offset)
         .collect();
     assert_eq!(offsets, vec![1, 300, 301]);
+    // Dropping waits for a segment being zero-filled ahead, which
+    // would otherwise race the removal below.
+    drop(recovered);
     group.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -286,6 +295,9 @@ fn a_crash_between_moving_and_deleting_leaves_one_copy_of_each_message() {
     assert_eq!(offsets, vec![0, 200]);
     let read = read_message(recovered.journal.log(), recovered.messages[0].location()).unwrap();
     assert!(read.body.starts_with(b"message 0 "));
+    // Dropping waits for a segment being zero-filled ahead, which
+    // would otherwise race the removal below.
+    drop(recovered);
     group.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
