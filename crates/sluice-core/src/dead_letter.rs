@@ -180,7 +180,8 @@ pub fn dead_lettered(
         .as_ref()
         .map(|headers| headers.inner().clone())
         .unwrap_or_default();
-    let cc_and_bcc = header_routes(&headers);
+    // A CC or BCC that is not an array was refused on publish.
+    let cc_and_bcc = header_routes(&headers).unwrap_or_default();
     let mut death_keys = Vec::with_capacity(1 + cc_and_bcc.len());
     death_keys.push(long_string(&message.routing_key));
     death_keys.extend(cc_and_bcc.iter().map(|key| long_string(key)));

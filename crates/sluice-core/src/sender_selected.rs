@@ -1,8 +1,9 @@
 //! Sender-selected distribution: a publisher may list more routing keys in the `CC` and
 //! `BCC` headers (arrays of strings), and the message is routed with each of them as well as
-//! with its routing key, one copy per queue. `BCC` is removed before the message is stored,
-//! so no consumer learns who else received it. RabbitMQ's `rabbit_basic:header_routes/1`
-//! and `strip_bcc/1`; dead-lettering routes with the same keys.
+//! with its routing key, one copy per queue. `BCC` is removed before the message is routed,
+//! so no consumer (and no `basic.return`) shows who else received it. RabbitMQ's
+//! `rabbit_basic:header_routes/1` and `strip_header/2`; dead-lettering routes with the same
+//! keys.
 
 use std::collections::BTreeMap;
 
@@ -10,39 +11,54 @@ use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use bytes::Bytes;
 use sluice_wire::content::RawProperties;
 
+use crate::arguments::type_name;
+use crate::error::AmqpError;
+
+/// The headers whose values are routing keys, in the order they are routed.
+const ROUTING_HEADERS: [&str; 2] = ["CC", BCC];
+
 /// The header naming routing keys that are stripped before delivery.
 const BCC: &str = "BCC";
 
-/// Whether the encoded properties may hold a `CC` array or a `BCC` header: a scan of the
-/// bytes for the keys as a field table encodes them (length octet, name, and for `CC` the
-/// array tag), so a message whose headers carry neither is never decoded for them. A match
-/// inside some other value only costs that decode.
+/// Whether the encoded properties may hold a `CC` or `BCC` header: a scan of the bytes for
+/// the keys as a field table encodes them (length octet, then the name), so a message whose
+/// headers carry neither is never decoded for them. A match inside some other value only
+/// costs that decode. A key is always followed by its value's type octet, so windows of
+/// `BCC`'s length also see every `CC`.
 pub fn may_have_header_routes(properties: &RawProperties) -> bool {
-    const CC_ARRAY: &[u8] = b"\x02CCA";
+    const CC_KEY: &[u8] = b"\x02CC";
     const BCC_KEY: &[u8] = b"\x03BCC";
     properties.has_headers()
         && properties
             .as_bytes()
-            .windows(CC_ARRAY.len())
-            .any(|window| window == CC_ARRAY || window[..BCC_KEY.len()] == *BCC_KEY)
+            .windows(BCC_KEY.len())
+            .any(|window| window == BCC_KEY || window[..CC_KEY.len()] == *CC_KEY)
 }
 
-/// The CC and BCC routing keys in a message's headers, in that order. Values that are not
-/// arrays, and array entries that are not strings, are ignored, as in RabbitMQ.
-pub fn header_routes(headers: &BTreeMap<ShortString, AMQPValue>) -> Vec<Bytes> {
+/// The CC and BCC routing keys in a message's headers, in that order. Array entries that
+/// are not strings are skipped; a `CC` or `BCC` that is not an array makes the message
+/// invalid, and the publish is refused with RabbitMQ's PRECONDITION_FAILED text.
+pub fn header_routes(headers: &BTreeMap<ShortString, AMQPValue>) -> Result<Vec<Bytes>, AmqpError> {
     let mut routes = Vec::new();
-    for key in ["CC", BCC] {
-        if let Some(AMQPValue::FieldArray(array)) = headers.get(key) {
-            routes.extend(
+    for key in ROUTING_HEADERS {
+        match headers.get(key) {
+            None => {}
+            Some(AMQPValue::FieldArray(array)) => routes.extend(
                 array
                     .as_slice()
                     .iter()
                     .filter_map(text_bytes)
                     .map(Bytes::copy_from_slice),
-            );
+            ),
+            Some(other) => {
+                return Err(AmqpError::precondition_failed(format!(
+                    "invalid message: {{unacceptable_type_in_header,\"{key}\",{}}}",
+                    type_name(other)
+                )));
+            }
         }
     }
-    routes
+    Ok(routes)
 }
 
 /// The bytes of a string value, long or short.
@@ -85,7 +101,7 @@ mod tests {
         headers.insert("BCC".into(), strings(&["hidden"]));
         headers.insert("CC".into(), strings(&["a", "b"]));
         headers.insert("other".into(), AMQPValue::LongLongInt(7));
-        assert_eq!(header_routes(&headers), ["a", "b", "hidden"]);
+        assert_eq!(header_routes(&headers).unwrap(), ["a", "b", "hidden"]);
         let table = FieldTable::from(headers);
         let stripped = without_bcc(&table).expect("BCC is present");
         assert!(!stripped.inner().contains_key("BCC"));
@@ -118,9 +134,13 @@ mod tests {
             "trace-id",
             strings(&["abc"])
         )])));
-        // A CC that is not an array routes nowhere, so it needs no decode.
-        assert!(!may_have_header_routes(&encoded(vec![(
+        // A CC that is not an array is looked at too: it is refused.
+        assert!(may_have_header_routes(&encoded(vec![(
             "CC",
+            AMQPValue::LongString(LongString::from(b"a".to_vec()))
+        )])));
+        assert!(!may_have_header_routes(&encoded(vec![(
+            "ACCOUNT",
             AMQPValue::LongString(LongString::from(b"a".to_vec()))
         )])));
         assert!(!may_have_header_routes(&RawProperties::from_properties(
@@ -129,16 +149,35 @@ mod tests {
     }
 
     #[test]
-    fn values_that_are_not_string_arrays_route_nowhere() {
+    fn array_entries_that_are_not_strings_are_skipped() {
+        let mut headers = BTreeMap::new();
+        headers.insert(
+            "BCC".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![
+                AMQPValue::LongLongInt(1),
+                AMQPValue::LongString(LongString::from(b"kept".to_vec())),
+            ])),
+        );
+        assert_eq!(header_routes(&headers).unwrap(), ["kept"]);
+    }
+
+    #[test]
+    fn a_cc_or_bcc_that_is_not_an_array_is_refused_as_in_rabbitmq() {
         let mut headers = BTreeMap::new();
         headers.insert(
             "CC".into(),
             AMQPValue::LongString(LongString::from(b"not-an-array".to_vec())),
         );
-        headers.insert(
-            "BCC".into(),
-            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongLongInt(1)])),
+        let error = header_routes(&headers).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,\"CC\",longstr}"
         );
-        assert!(header_routes(&headers).is_empty());
+        headers.clear();
+        headers.insert("BCC".into(), AMQPValue::LongInt(3));
+        assert_eq!(
+            header_routes(&headers).unwrap_err().text,
+            "invalid message: {unacceptable_type_in_header,\"BCC\",signedint}"
+        );
     }
 }

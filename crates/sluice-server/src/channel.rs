@@ -368,10 +368,10 @@ impl Channel {
             .as_ref()
             .and_then(|properties| properties.headers().as_ref());
         let routing_headers = headers.filter(|_| exchange.kind == ExchangeKind::Headers);
-        let header_keys = headers
-            .filter(|_| header_routed)
-            .map(|headers| header_routes(headers.inner()))
-            .unwrap_or_default();
+        let header_keys = match headers.filter(|_| header_routed) {
+            Some(headers) => header_routes(headers.inner())?,
+            None => Vec::new(),
+        };
         if header_keys.is_empty() {
             context.vhost.route(
                 exchange,

@@ -873,6 +873,29 @@ async fn exchanges_cc_and_bcc_headers_add_routing_keys() {
     .await;
     assert_eq!(drain(&channel, "q-main").await, vec!["m4"]);
     assert_eq!(drain(&channel, "q-bcc").await, vec!["m4"]);
+
+    // A CC that is not an array makes the message invalid: refused, and
+    // stored nowhere.
+    let mut watcher = close_watcher(&channel).await;
+    publish_with(
+        &channel,
+        "x-cc",
+        "main",
+        b"m5",
+        with_headers(&[("CC", text("cc"))]),
+    )
+    .await;
+    assert_eq!(
+        channel_closed_with(&mut watcher).await,
+        (
+            406,
+            "PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,\"CC\",longstr}"
+                .to_owned()
+        )
+    );
+    let channel = connection.create_channel().await.unwrap();
+    assert!(drain(&channel, "q-main").await.is_empty());
+    assert!(drain(&channel, "q-cc").await.is_empty());
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
