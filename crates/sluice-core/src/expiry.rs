@@ -30,6 +30,31 @@ pub fn now_us() -> u64 {
     epoch().elapsed().as_micros() as u64
 }
 
+/// Milliseconds since the Unix epoch, the clock a deadline is saved in:
+/// the deadline clock starts again with each process.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
+/// A deadline as the wall-clock time it falls at, to save with a message.
+pub fn wall_ms_of(deadline_us: u64) -> u64 {
+    let remaining_ms = deadline_us
+        .saturating_sub(now_us())
+        .div_ceil(MICROS_PER_MILLI);
+    wall_ms().saturating_add(remaining_ms)
+}
+
+/// A saved wall-clock deadline on this process's deadline clock: one that
+/// passed while the node was down is due now.
+pub fn deadline_of_wall_ms(wall_deadline_ms: u64) -> u64 {
+    let remaining_ms = wall_deadline_ms.saturating_sub(wall_ms());
+    now_us()
+        .saturating_add(remaining_ms.saturating_mul(MICROS_PER_MILLI))
+        .min(NEVER - 1)
+}
+
 /// The instant a deadline falls at, for timers.
 pub fn instant_of(deadline_us: u64) -> Instant {
     epoch() + Duration::from_micros(deadline_us)
@@ -106,6 +131,25 @@ mod tests {
             properties: RawProperties::from_properties(&properties),
             body: Bytes::new(),
         }
+    }
+
+    #[test]
+    fn expiry_deadlines_saved_as_wall_clock_time_come_back_on_the_deadline_clock() {
+        let now = now_us();
+        let in_a_minute = now + 60_000 * MICROS_PER_MILLI;
+        let back = deadline_of_wall_ms(wall_ms_of(in_a_minute));
+        // Saved in whole milliseconds, rounded up: back within a few of them.
+        assert!(
+            back >= in_a_minute - 5 * MICROS_PER_MILLI,
+            "{back} vs {in_a_minute}"
+        );
+        assert!(
+            back <= in_a_minute + 5 * MICROS_PER_MILLI,
+            "{back} vs {in_a_minute}"
+        );
+        // A deadline that passed while the node was down is due at once.
+        let passed = deadline_of_wall_ms(wall_ms() - 10_000);
+        assert!(passed <= now_us());
     }
 
     #[test]

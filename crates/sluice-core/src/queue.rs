@@ -17,7 +17,7 @@ use crate::arguments::{as_strict_integer, MAX_PRIORITY_MAX};
 use crate::consumer::{ConnectionId, Consumer};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
 use crate::error::{AmqpError, AmqpResult};
-use crate::expiry::{now_us, QueueExpiry, NEVER};
+use crate::expiry::{deadline_of_wall_ms, now_us, wall_ms_of, QueueExpiry, NEVER};
 use crate::message::Message;
 use crate::pager::QueueStorage;
 use crate::paging::{PagedMessage, ResidentBytes};
@@ -364,21 +364,34 @@ impl Queue {
     }
 
     /// Starts what the queue does with time, once it is shared: the
-    /// `x-expires` countdown, and the TTL of recovered messages. Their
-    /// enqueue time was not saved, so their TTL counts from recovery: late,
-    /// never early.
+    /// `x-expires` countdown, and the TTL of recovered messages. Those
+    /// journaled with their deadline keep it, so one that passed while the
+    /// node was down is due now; those journaled without one (the queue got
+    /// its TTL later) count the queue's TTL from recovery: late, never early.
     pub fn start_timers(self: &Arc<Self>) {
         let mut state = self.lock();
         let now = now_us();
         state.used_at_us = now;
         if let Some(ttl) = self.expiry.message_ttl_us {
             state.deadlines = true;
-            if !state.paged.is_empty() && state.paged_deadlines.is_empty() {
-                let deadline = now.saturating_add(ttl).min(NEVER - 1);
-                let count = state.paged.len();
-                state.paged_deadlines = std::iter::repeat_n(deadline, count).collect();
-                self.schedule_timer(&mut state, deadline);
+            if !state.paged.is_empty() {
+                let fallback = now.saturating_add(ttl).min(NEVER - 1);
+                if state.paged_deadlines.is_empty() {
+                    let count = state.paged.len();
+                    state.paged_deadlines = std::iter::repeat_n(fallback, count).collect();
+                } else {
+                    for deadline in state.paged_deadlines.iter_mut() {
+                        if *deadline == NEVER {
+                            *deadline = fallback;
+                        }
+                    }
+                }
             }
+        }
+        if !state.paged_deadlines.is_empty() {
+            state.deadlines = true;
+            let head_deadline = state.head_deadline();
+            self.schedule_timer(&mut state, head_deadline);
         }
         if let Some(expires) = self.expiry.expires_us {
             self.schedule_timer(&mut state, now.saturating_add(expires));
@@ -664,6 +677,18 @@ impl Queue {
                 .iter()
                 .map(|paged| paged.body_size as u64)
                 .sum();
+            if !recovered.deadlines.is_empty() {
+                let mut deadlines = recovered.deadlines.iter().peekable();
+                state.paged_deadlines = recovered
+                    .messages
+                    .iter()
+                    .map(|paged| {
+                        deadlines
+                            .next_if(|(offset, _)| *offset == paged.offset)
+                            .map_or(NEVER, |(_, wall_ms)| deadline_of_wall_ms(*wall_ms))
+                    })
+                    .collect();
+            }
             state.paged = recovered.messages.into();
             state.next_offset = recovered.next_offset;
             state.journal = Some(recovered.journal);
@@ -744,7 +769,10 @@ impl Queue {
                 .as_mut()
                 .filter(|journal| journal.is_durable())
             {
-                match journal.append_message(offset, &message) {
+                // Saved as wall-clock time: the TTL keeps counting while
+                // the node is down.
+                let wall_deadline_ms = (expires_at_us != NEVER).then(|| wall_ms_of(expires_at_us));
+                match journal.append_message(offset, &message, wall_deadline_ms) {
                     Some((location, ticket)) => {
                         written_at = Some(location);
                         durability = Some(ticket);

@@ -7,7 +7,11 @@
 //!   persistent message entering a durable queue (`MESSAGE`), or any
 //!   message written only to page it out of memory (`PAGED`, never
 //!   recovered: transient messages are gone after a restart);
-//! - the same, moved forward by compaction (`MOVED`, `MOVED_PAGED`);
+//! - a persistent message that expires (`MESSAGE_EXPIRING`): the same with
+//!   its deadline as wall-clock time after the offset, so that its TTL keeps
+//!   counting while the node is down, as in RabbitMQ;
+//! - the same, moved forward by compaction (`MOVED`, `MOVED_PAGED`,
+//!   `MOVED_EXPIRING`);
 //! - a list of offsets of messages that left the queue for good (acked,
 //!   dropped, purged).
 //!
@@ -41,6 +45,43 @@ const KIND_ACKS: u8 = 2;
 const KIND_PAGED: u8 = 3;
 const KIND_MOVED: u8 = 4;
 const KIND_MOVED_PAGED: u8 = 5;
+const KIND_MESSAGE_EXPIRING: u8 = 6;
+const KIND_MOVED_EXPIRING: u8 = 7;
+
+/// Whether a record of this kind holds a message.
+fn is_message(kind: u8) -> bool {
+    matches!(
+        kind,
+        KIND_MESSAGE
+            | KIND_PAGED
+            | KIND_MOVED
+            | KIND_MOVED_PAGED
+            | KIND_MESSAGE_EXPIRING
+            | KIND_MOVED_EXPIRING
+    )
+}
+
+/// Whether a message record of this kind carries its deadline.
+fn is_expiring(kind: u8) -> bool {
+    matches!(kind, KIND_MESSAGE_EXPIRING | KIND_MOVED_EXPIRING)
+}
+
+/// Whether a message record of this kind is recovered after a restart.
+fn is_persistent(kind: u8) -> bool {
+    matches!(
+        kind,
+        KIND_MESSAGE | KIND_MOVED | KIND_MESSAGE_EXPIRING | KIND_MOVED_EXPIRING
+    )
+}
+
+/// The kind of a message record's copy moved forward by compaction.
+fn moved_kind(kind: u8) -> u8 {
+    match kind {
+        KIND_MESSAGE | KIND_MOVED => KIND_MOVED,
+        KIND_MESSAGE_EXPIRING | KIND_MOVED_EXPIRING => KIND_MOVED_EXPIRING,
+        _ => KIND_MOVED_PAGED,
+    }
+}
 
 /// Offsets per ack record: a purge of millions of messages is written as
 /// many records of at most 512 KiB, never one that outgrows a segment.
@@ -95,6 +136,10 @@ pub struct RecoveredQueue {
     pub journal: QueueJournal,
     /// Messages never acked, in offset order, bodies on disk.
     pub messages: Vec<PagedMessage>,
+    /// The saved deadlines (offset, wall-clock milliseconds) of those that
+    /// expire, in offset order: apart from the references, since most
+    /// messages never expire.
+    pub deadlines: Vec<(u64, u64)>,
     pub next_offset: u64,
 }
 
@@ -117,10 +162,15 @@ impl FoundMessage {
     }
 }
 
-fn message_head(offset: u64, message: &Message) -> Vec<u8> {
+/// The bytes before a message record's properties: the offset, the
+/// deadline when it has one, the exchange and the routing key.
+fn message_head(offset: u64, wall_deadline_ms: Option<u64>, message: &Message) -> Vec<u8> {
     let mut head =
-        Vec::with_capacity(8 + 2 + message.exchange.len() + message.routing_key.len() + 4);
+        Vec::with_capacity(16 + 2 + message.exchange.len() + message.routing_key.len() + 4);
     head.extend_from_slice(&offset.to_be_bytes());
+    if let Some(deadline) = wall_deadline_ms {
+        head.extend_from_slice(&deadline.to_be_bytes());
+    }
     head.push(message.exchange.len() as u8);
     head.extend_from_slice(&message.exchange);
     head.push(message.routing_key.len() as u8);
@@ -129,11 +179,27 @@ fn message_head(offset: u64, message: &Message) -> Vec<u8> {
     head
 }
 
-/// The offset of a message record and the size of its body.
-fn peek_message(payload: &[u8]) -> Option<(u64, usize)> {
+/// Where the exchange name starts in a message record of this kind.
+fn exchange_at(kind: u8) -> usize {
+    if is_expiring(kind) {
+        16
+    } else {
+        8
+    }
+}
+
+/// The offset of a message record, the size of its body, and its saved
+/// deadline if it has one.
+fn peek_message(kind: u8, payload: &[u8]) -> Option<(u64, usize, Option<u64>)> {
     let offset = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
-    let exchange_length = *payload.get(8)? as usize;
-    let routing_key_at = 9 + exchange_length;
+    let deadline = if is_expiring(kind) {
+        Some(u64::from_be_bytes(payload.get(8..16)?.try_into().ok()?))
+    } else {
+        None
+    };
+    let exchange_at = exchange_at(kind);
+    let exchange_length = *payload.get(exchange_at)? as usize;
+    let routing_key_at = exchange_at + 1 + exchange_length;
     let routing_key_length = *payload.get(routing_key_at)? as usize;
     let properties_at = routing_key_at + 1 + routing_key_length;
     let properties_length = u32::from_be_bytes(
@@ -144,14 +210,16 @@ fn peek_message(payload: &[u8]) -> Option<(u64, usize)> {
     ) as usize;
     let body_at = properties_at + 4 + properties_length;
     let body_size = payload.len().checked_sub(body_at)?;
-    Some((offset, body_size))
+    Some((offset, body_size, deadline))
 }
 
-fn decode_message(mut payload: Bytes) -> Option<(u64, Message)> {
-    if payload.len() < 9 {
+fn decode_message(kind: u8, mut payload: Bytes) -> Option<(u64, Message)> {
+    let exchange_at = exchange_at(kind);
+    if payload.len() < exchange_at + 1 {
         return None;
     }
     let offset = payload.get_u64();
+    payload.advance(exchange_at - 8);
     let short = |payload: &mut Bytes| -> Option<Bytes> {
         let length = *payload.first()? as usize;
         if payload.len() < 1 + length {
@@ -192,13 +260,10 @@ fn invalid_record(what: &str) -> StoreError {
 /// lock: the pager reads this way while publishers keep appending.
 pub fn read_message(log: &LogBuffer, location: Location) -> Result<Message, StoreError> {
     let record = log.read(location)?;
-    if !matches!(
-        record.kind,
-        KIND_MESSAGE | KIND_PAGED | KIND_MOVED | KIND_MOVED_PAGED
-    ) {
+    if !is_message(record.kind) {
         return Err(invalid_record("the record is not a message"));
     }
-    decode_message(record.payload)
+    decode_message(record.kind, record.payload)
         .map(|(_, message)| message)
         .ok_or_else(|| invalid_record("the message record does not decode"))
 }
@@ -241,6 +306,22 @@ fn live_messages(
     merged
 }
 
+/// The saved deadlines of the live messages: `deadlines` holds one entry
+/// per message record that had one, live or not, moved copies included.
+fn live_deadlines(mut deadlines: Vec<(u64, u64)>, live: &[PagedMessage]) -> Vec<(u64, u64)> {
+    if deadlines.is_empty() {
+        return deadlines;
+    }
+    deadlines.sort_unstable();
+    deadlines.dedup_by_key(|(offset, _)| *offset);
+    let mut live = live.iter().map(|message| message.offset).peekable();
+    deadlines.retain(|(offset, _)| {
+        while live.next_if(|live| live < offset).is_some() {}
+        live.peek() == Some(offset)
+    });
+    deadlines
+}
+
 impl QueueJournal {
     fn new(log: Arc<LogBuffer>, group: Arc<GroupCommit>, durable: bool) -> Self {
         QueueJournal {
@@ -268,6 +349,7 @@ impl QueueJournal {
         // sorts in linear time.
         let mut native: Vec<PagedMessage> = Vec::new();
         let mut moved: Vec<PagedMessage> = Vec::new();
+        let mut deadlines: Vec<(u64, u64)> = Vec::new();
         let mut acked: Vec<u64> = Vec::new();
         let mut records_by_segment: BTreeMap<u64, u64> = BTreeMap::new();
         let mut next_offset = 0;
@@ -276,8 +358,8 @@ impl QueueJournal {
             let kind = found.kind;
             let payload = found.payload;
             match kind {
-                KIND_MESSAGE | KIND_MOVED | KIND_PAGED | KIND_MOVED_PAGED => {
-                    let Some((offset, body_size)) = peek_message(payload) else {
+                _ if is_message(kind) => {
+                    let Some((offset, body_size, deadline)) = peek_message(kind, payload) else {
                         corrupt += 1;
                         return;
                     };
@@ -290,10 +372,14 @@ impl QueueJournal {
                     };
                     let message = PagedMessage::new(offset, location, body_size, true);
                     match kind {
-                        KIND_MESSAGE => native.push(message),
-                        KIND_MOVED => moved.push(message),
+                        KIND_MESSAGE | KIND_MESSAGE_EXPIRING => native.push(message),
+                        KIND_MOVED | KIND_MOVED_EXPIRING => moved.push(message),
                         // Paged transient messages do not outlive the process.
                         _ => {}
+                    }
+                    // A moved copy carries the same deadline as the original.
+                    if let Some(deadline) = deadline {
+                        deadlines.push((offset, deadline));
                     }
                 }
                 KIND_ACKS => {
@@ -321,6 +407,7 @@ impl QueueJournal {
         acked.sort_unstable();
         acked.dedup();
         let messages = live_messages(native, &moved, &acked);
+        let deadlines = live_deadlines(deadlines, &messages);
         let log = LogBuffer::with_preallocation(log, settings.segment_size_bytes);
         let mut journal = QueueJournal::new(log, group, true);
         let mut moved = moved.iter().peekable();
@@ -343,6 +430,7 @@ impl QueueJournal {
         Ok(RecoveredQueue {
             journal,
             messages,
+            deadlines,
             next_offset,
         })
     }
@@ -368,15 +456,22 @@ impl QueueJournal {
         self.durable
     }
 
-    /// Appends a persistent message of a durable queue; returns where it
-    /// lives and what to wait for before confirming it. None when the
-    /// journal has failed.
+    /// Appends a persistent message of a durable queue, with its deadline
+    /// (wall-clock milliseconds) when it expires; returns where it lives and
+    /// what to wait for before confirming it. None when the journal has
+    /// failed.
     pub fn append_message(
         &mut self,
         offset: u64,
         message: &Message,
+        wall_deadline_ms: Option<u64>,
     ) -> Option<(Location, Durability)> {
-        let (location, sequence) = self.append_native(KIND_MESSAGE, offset, message)?;
+        let kind = if wall_deadline_ms.is_some() {
+            KIND_MESSAGE_EXPIRING
+        } else {
+            KIND_MESSAGE
+        };
+        let (location, sequence) = self.append_native(kind, offset, wall_deadline_ms, message)?;
         Some((
             location,
             Durability {
@@ -389,7 +484,7 @@ impl QueueJournal {
     /// Writes a message only to page it out of memory: no fsync, and it is
     /// not recovered after a restart.
     pub fn append_paged(&mut self, offset: u64, message: &Message) -> Option<Location> {
-        self.append_native(KIND_PAGED, offset, message)
+        self.append_native(KIND_PAGED, offset, None, message)
             .map(|(location, _)| location)
     }
 
@@ -397,6 +492,7 @@ impl QueueJournal {
         &mut self,
         kind: u8,
         offset: u64,
+        wall_deadline_ms: Option<u64>,
         message: &Message,
     ) -> Option<(Location, Sequence)> {
         // The segment of the previous native append stands in for the head
@@ -410,9 +506,9 @@ impl QueueJournal {
         {
             self.log.start_new_segment();
         }
-        let head = message_head(offset, message);
+        let head = message_head(offset, wall_deadline_ms, message);
         let parts: [&[u8]; 3] = [&head, message.properties.as_bytes(), &message.body];
-        let (location, sequence) = if kind == KIND_MESSAGE {
+        let (location, sequence) = if is_persistent(kind) {
             self.log.append(&self.group, kind, &parts)?
         } else {
             self.log.append_unsynced(&self.group, kind, &parts)?
@@ -574,14 +670,9 @@ impl QueueJournal {
         Ok(Some(
             records
                 .into_iter()
-                .filter(|(_, record)| {
-                    matches!(
-                        record.kind,
-                        KIND_MESSAGE | KIND_PAGED | KIND_MOVED | KIND_MOVED_PAGED
-                    )
-                })
+                .filter(|(_, record)| is_message(record.kind))
                 .filter_map(|(location, record)| {
-                    let (offset, _) = peek_message(&record.payload)?;
+                    let (offset, _, _) = peek_message(record.kind, &record.payload)?;
                     Some(FoundMessage {
                         offset,
                         location,
@@ -613,12 +704,8 @@ impl QueueJournal {
             if !self.is_live(&message) {
                 continue;
             }
-            let persistent = matches!(message.kind, KIND_MESSAGE | KIND_MOVED);
-            let kind = if persistent {
-                KIND_MOVED
-            } else {
-                KIND_MOVED_PAGED
-            };
+            let persistent = is_persistent(message.kind);
+            let kind = moved_kind(message.kind);
             let appended = if persistent {
                 self.log.append(&self.group, kind, &[&message.payload])
             } else {

@@ -75,7 +75,7 @@ fn wait_synced(log: &LogBuffer, sequence: Sequence) {
 /// Writes everything buffered by syncing one more persistent record.
 fn flush(journal: &mut QueueJournal, offset: u64) -> Location {
     let (location, durability) = journal
-        .append_message(offset, &message(offset, 10))
+        .append_message(offset, &message(offset, 10), None)
         .unwrap();
     wait_synced(&durability.log, durability.sequence);
     location
@@ -94,7 +94,7 @@ fn persistent_messages_come_back_once_and_acked_or_paged_ones_do_not() {
     let mut segments = BTreeMap::new();
     for offset in 0..100 {
         let (location, _) = journal
-            .append_message(offset, &message(offset, 100))
+            .append_message(offset, &message(offset, 100), None)
             .unwrap();
         segments.insert(offset, location.segment);
     }
@@ -141,7 +141,7 @@ fn segments_roll_over_and_go_once_everything_in_them_is_acked() {
     let mut written = Vec::new();
     for offset in 0..200 {
         let (location, _) = journal
-            .append_message(offset, &message(offset, 200))
+            .append_message(offset, &message(offset, 200), None)
             .unwrap();
         written.push((offset, location.segment));
     }
@@ -200,7 +200,7 @@ fn compaction_moves_a_few_pinning_messages_forward_and_frees_the_run() {
     let mut locations = Vec::new();
     for offset in 0..300 {
         let (location, _) = journal
-            .append_message(offset, &message(offset, 200))
+            .append_message(offset, &message(offset, 200), None)
             .unwrap();
         locations.push(location);
     }
@@ -270,7 +270,7 @@ fn a_crash_between_moving_and_deleting_leaves_one_copy_of_each_message() {
     let mut locations = Vec::new();
     for offset in 0..200 {
         let (location, _) = journal
-            .append_message(offset, &message(offset, 200))
+            .append_message(offset, &message(offset, 200), None)
             .unwrap();
         locations.push(location);
     }
@@ -318,6 +318,8 @@ fn recovery_matches_a_model_under_random_operations() {
             QueueJournal::recover(&dir, Arc::clone(&group), &settings(segment_size)).unwrap();
         // Live persistent messages: offset -> segment last known.
         let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+        // Saved deadlines of the live messages that have one.
+        let mut deadlines: BTreeMap<u64, u64> = BTreeMap::new();
         let mut next_offset = 0u64;
         for _restart in 0..4 {
             let mut journal = recovered.journal;
@@ -325,10 +327,18 @@ fn recovery_matches_a_model_under_random_operations() {
                 match random.random_range(0..10) {
                     0..=4 => {
                         let size = random.random_range(1..400);
+                        // Some expire: their deadline comes back with them,
+                        // moved by compaction or not.
+                        let deadline = random
+                            .random_bool(0.3)
+                            .then(|| 1_800_000_000_000 + random.random_range(0..1_000_000));
                         let (location, _) = journal
-                            .append_message(next_offset, &message(next_offset, size))
+                            .append_message(next_offset, &message(next_offset, size), deadline)
                             .unwrap();
                         model.insert(next_offset, location.segment);
+                        if let Some(deadline) = deadline {
+                            deadlines.insert(next_offset, deadline);
+                        }
                         next_offset += 1;
                     }
                     5 => {
@@ -346,6 +356,7 @@ fn recovery_matches_a_model_under_random_operations() {
                         };
                         let offset = *model.keys().nth(index).unwrap();
                         let segment = model.remove(&offset).unwrap();
+                        deadlines.remove(&offset);
                         journal.append_acks([(offset, segment)]);
                     }
                     _ => {
@@ -369,6 +380,11 @@ fn recovery_matches_a_model_under_random_operations() {
                 .collect();
             let expected: Vec<u64> = model.keys().copied().collect();
             assert_eq!(offsets, expected, "seed {seed}");
+            let expected_deadlines: Vec<(u64, u64)> = deadlines
+                .iter()
+                .map(|(offset, deadline)| (*offset, *deadline))
+                .collect();
+            assert_eq!(recovered.deadlines, expected_deadlines, "seed {seed}");
             for paged in &recovered.messages {
                 let read = read_message(recovered.journal.log(), paged.location()).unwrap();
                 assert!(

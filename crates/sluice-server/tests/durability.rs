@@ -8,7 +8,7 @@ use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
 use support::TestServer;
 
@@ -216,6 +216,79 @@ async fn durability_deleted_queue_does_not_come_back() {
             .is_none(),
         "the journal directory was deleted"
     );
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+/// A persistent message's TTL keeps counting while the node is down, as in
+/// RabbitMQ: one that expired meanwhile is gone after the restart, whether
+/// its deadline came from its own expiration or from the queue's TTL, and
+/// one with time left is still there.
+#[tokio::test]
+async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
+    let data_dir = std::env::temp_dir().join(format!("sluice-durable-ttl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let dir = data_dir.clone();
+    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    declare_with(&channel, "own-expiration", durable(), FieldTable::default())
+        .await
+        .unwrap();
+    declare_with(
+        &channel,
+        "queue-ttl",
+        durable(),
+        table(&[("x-message-ttl", AMQPValue::LongInt(300))]),
+    )
+    .await
+    .unwrap();
+    let persistent = || BasicProperties::default().with_delivery_mode(2);
+    for (queue, body, properties) in [
+        (
+            "own-expiration",
+            "short",
+            persistent().with_expiration("300".into()),
+        ),
+        (
+            "own-expiration",
+            "long",
+            persistent().with_expiration("600000".into()),
+        ),
+        ("own-expiration", "never", persistent()),
+        ("queue-ttl", "ttl", persistent()),
+    ] {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+    // Down for longer than the short TTLs.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let dir = data_dir.clone();
+    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let (connection, channel) = open(&server).await;
+    let mut bodies = Vec::new();
+    while let Some(body) = get_body(&channel, "own-expiration", true).await {
+        bodies.push(String::from_utf8(body).unwrap());
+    }
+    assert_eq!(bodies, ["long", "never"]);
+    assert_eq!(get_body(&channel, "queue-ttl", true).await, None);
+    connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
     let _ = std::fs::remove_dir_all(&data_dir);
 }
