@@ -136,6 +136,13 @@ async fn alarms_set_and_cleared_at_runtime_block_then_unblock_a_publisher() {
     let channel = connection.create_channel().await.unwrap();
     declare(&channel, "runtime").await;
     publish(&channel, "", "runtime", b"before the alarm").await;
+    // Taken before the alarm: a publish still unread when it is set would
+    // block the connection and leave the next one unread.
+    let queue = server.queue("runtime");
+    eventually("the first publish is in the queue", || {
+        queue.message_count() == 1
+    })
+    .await;
 
     set_memory_alarm(&server).await;
     // As in RabbitMQ, the publish that meets the alarm is taken; the
@@ -185,6 +192,13 @@ async fn alarms_consumer_keeps_receiving_while_publishers_are_blocked() {
     for _ in 0..BACKLOG {
         publish(&publisher_channel, "", "drain", b"backlog").await;
     }
+    // All taken before the alarm: publishes still unread when it is set
+    // would stay unread, and the consumer would wait for them.
+    let queue = server.queue("drain");
+    eventually("the backlog is in the queue", || {
+        queue.message_count() as usize == BACKLOG
+    })
+    .await;
     set_memory_alarm(&server).await;
     publish(&publisher_channel, "", "drain", b"meets the alarm").await;
     assert_eq!(
