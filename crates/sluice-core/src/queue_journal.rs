@@ -385,7 +385,13 @@ impl QueueJournal {
                 KIND_ACKS => {
                     let mut offsets = payload;
                     while offsets.len() >= 8 {
-                        acked.push(offsets.get_u64());
+                        let offset = offsets.get_u64();
+                        // The messages acked may be gone with their segments,
+                        // but their offsets must not be handed out again: this
+                        // ack would take the new message with it at the next
+                        // recovery.
+                        next_offset = u64::max(next_offset, offset + 1);
+                        acked.push(offset);
                     }
                 }
                 _ => corrupt += 1,
