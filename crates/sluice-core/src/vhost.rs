@@ -1010,6 +1010,7 @@ impl VirtualHost {
                 exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
             }
         }
+        let mut recovered_queues = Vec::with_capacity(definitions.queues.len());
         {
             let mut queues = write(&self.queues);
             for definition in &definitions.queues {
@@ -1046,7 +1047,7 @@ impl VirtualHost {
                 queue.attach_storage(Some(Arc::clone(&store.storage)));
                 self.attach_queue(&mut queue, &effective);
                 let queue = Arc::new(queue);
-                queue.start_timers();
+                recovered_queues.push(Arc::clone(&queue));
                 queues.insert(name, queue);
             }
         }
@@ -1064,6 +1065,12 @@ impl VirtualHost {
             ) {
                 tracing::error!(source = %definition.source, destination = %definition.destination, %error, "skipping a binding");
             }
+        }
+        // Only now that the bindings are back: a message that expired while
+        // the node was down is due at once, and its dead-letter exchange
+        // must route it.
+        for queue in recovered_queues {
+            queue.start_timers();
         }
     }
 }

@@ -223,9 +223,13 @@ async fn durability_deleted_queue_does_not_come_back() {
 /// A persistent message's TTL keeps counting while the node is down, as in
 /// RabbitMQ: one that expired meanwhile is gone after the restart, whether
 /// its deadline came from its own expiration or from the queue's TTL, and
-/// one with time left is still there.
+/// one with time left is still there. One with a dead-letter exchange is
+/// dead-lettered, through bindings recovered after its queue.
 #[tokio::test]
 async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
+    /// Longer than reopening takes, so that a TTL restarted at recovery
+    /// would still hold the messages when they are looked for.
+    const TTL_MS: i32 = 1000;
     let data_dir = std::env::temp_dir().join(format!("sluice-durable-ttl-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data_dir);
     let dir = data_dir.clone();
@@ -242,16 +246,77 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
         &channel,
         "queue-ttl",
         durable(),
-        table(&[("x-message-ttl", AMQPValue::LongInt(300))]),
+        table(&[("x-message-ttl", AMQPValue::LongInt(TTL_MS))]),
     )
     .await
     .unwrap();
+    let durable_exchange = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .exchange_declare(
+            "dlx".into(),
+            ExchangeKind::Fanout,
+            durable_exchange,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    declare_with(
+        &channel,
+        "dead-ttl",
+        durable(),
+        table(&[
+            ("x-message-ttl", AMQPValue::LongInt(TTL_MS)),
+            ("x-dead-letter-exchange", text("dlx")),
+        ]),
+    )
+    .await
+    .unwrap();
+    declare_with(&channel, "dead-letters", durable(), FieldTable::default())
+        .await
+        .unwrap();
+    // Bindings recover in order: these come back before the dead-letter
+    // queue's, and take a while.
+    channel
+        .exchange_declare(
+            "busy".into(),
+            ExchangeKind::Direct,
+            durable_exchange,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for index in 0..500 {
+        channel
+            .queue_bind(
+                "dead-letters".into(),
+                "busy".into(),
+                format!("key-{index}").as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+    channel
+        .queue_bind(
+            "dead-letters".into(),
+            "dlx".into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
     let persistent = || BasicProperties::default().with_delivery_mode(2);
+    let short = TTL_MS.to_string();
     for (queue, body, properties) in [
         (
             "own-expiration",
             "short",
-            persistent().with_expiration("300".into()),
+            persistent().with_expiration(short.as_str().into()),
         ),
         (
             "own-expiration",
@@ -260,6 +325,7 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
         ),
         ("own-expiration", "never", persistent()),
         ("queue-ttl", "ttl", persistent()),
+        ("dead-ttl", "dead", persistent()),
     ] {
         let confirm = channel
             .basic_publish(
@@ -277,8 +343,8 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
     }
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
-    // Down for longer than the short TTLs.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Down for longer than the TTLs.
+    tokio::time::sleep(std::time::Duration::from_millis(TTL_MS as u64 + 200)).await;
     let dir = data_dir.clone();
     let server = TestServer::start_with(move |config| config.data_dir = dir).await;
     let (connection, channel) = open(&server).await;
@@ -288,6 +354,16 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
     }
     assert_eq!(bodies, ["long", "never"]);
     assert_eq!(get_body(&channel, "queue-ttl", true).await, None);
+    let dead_letters = server.queue("dead-letters");
+    eventually("the expired message is dead-lettered", || {
+        dead_letters.message_count() == 1
+    })
+    .await;
+    assert_eq!(
+        get_body(&channel, "dead-letters", true).await.as_deref(),
+        Some(&b"dead"[..])
+    );
+    assert_eq!(get_body(&channel, "dead-ttl", true).await, None);
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
     let _ = std::fs::remove_dir_all(&data_dir);
