@@ -926,10 +926,24 @@ impl Queue {
         if state.ready.is_priority() && !state.paged.is_empty() {
             // Recovered messages of a priority queue wait on disk in offset
             // order: deliver once all are read back, in priority order.
-            if !state.consumers.is_empty() {
-                self.request_pager(state);
+            // Meanwhile they still expire: the oldest is the head of its
+            // priority level, and anything published since is resident.
+            if state.deadlines {
+                let now = now_us();
+                while state.paged_head_deadline() <= now
+                    && self.discard_paged_head(state, DeathReason::Expired)
+                {}
             }
-            return;
+            if !state.paged.is_empty() {
+                if !state.consumers.is_empty() {
+                    self.request_pager(state);
+                }
+                if state.deadlines {
+                    let paged_head_deadline = state.paged_head_deadline();
+                    self.schedule_timer(state, paged_head_deadline);
+                }
+                return;
+            }
         }
         let deadlines = state.deadlines;
         loop {
