@@ -61,6 +61,23 @@ pub fn header_routes(headers: &BTreeMap<ShortString, AMQPValue>) -> Result<Vec<B
     Ok(routes)
 }
 
+/// Refuses a message whose `CC` or `BCC` is not an array, as routing it would: for a
+/// publish held by a transaction, which RabbitMQ refuses at `basic.publish`, not at
+/// `tx.commit` when part of the transaction is applied already.
+pub fn check_header_routes(properties: &RawProperties) -> Result<(), AmqpError> {
+    if !may_have_header_routes(properties) {
+        return Ok(());
+    }
+    if let Some(headers) = properties
+        .decode()
+        .ok()
+        .and_then(|decoded| decoded.headers().clone())
+    {
+        header_routes(headers.inner())?;
+    }
+    Ok(())
+}
+
 /// The bytes of a string value, long or short.
 pub(crate) fn text_bytes(value: &AMQPValue) -> Option<&[u8]> {
     match value {

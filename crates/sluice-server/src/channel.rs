@@ -16,7 +16,9 @@ use sluice_core::message::Message;
 use sluice_core::queue::{PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
-use sluice_core::sender_selected::{header_routes, may_have_header_routes, without_bcc};
+use sluice_core::sender_selected::{
+    check_header_routes, header_routes, may_have_header_routes, without_bcc,
+};
 use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
 use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
@@ -306,6 +308,7 @@ impl Channel {
             },
         });
         if let Some(transaction) = self.tx.as_mut() {
+            check_header_routes(&message.properties)?;
             transaction.body_bytes += message.body_size();
             if transaction.body_bytes > TX_UNCOMMITTED_BYTES_MAX {
                 return Err(AmqpError::precondition_failed(format!(

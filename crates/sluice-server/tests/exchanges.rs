@@ -896,6 +896,31 @@ async fn exchanges_cc_and_bcc_headers_add_routing_keys() {
     let channel = connection.create_channel().await.unwrap();
     assert!(drain(&channel, "q-main").await.is_empty());
     assert!(drain(&channel, "q-cc").await.is_empty());
+
+    // In a transaction too, at the publish: nothing published before it in
+    // the transaction is applied.
+    let channel = connection.create_channel().await.unwrap();
+    channel.tx_select().await.unwrap();
+    let mut watcher = close_watcher(&channel).await;
+    publish_with(&channel, "x-cc", "main", b"t1", BasicProperties::default()).await;
+    publish_with(
+        &channel,
+        "x-cc",
+        "main",
+        b"t2",
+        with_headers(&[("BCC", text("bcc"))]),
+    )
+    .await;
+    assert_eq!(
+        channel_closed_with(&mut watcher).await,
+        (
+            406,
+            "PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,\"BCC\",longstr}"
+                .to_owned()
+        )
+    );
+    let channel = connection.create_channel().await.unwrap();
+    assert!(drain(&channel, "q-main").await.is_empty());
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
