@@ -138,15 +138,11 @@ mod tests {
         let now = now_us();
         let in_a_minute = now + 60_000 * MICROS_PER_MILLI;
         let back = deadline_of_wall_ms(wall_ms_of(in_a_minute));
-        // Saved in whole milliseconds, rounded up: back within a few of them.
-        assert!(
-            back >= in_a_minute - 5 * MICROS_PER_MILLI,
-            "{back} vs {in_a_minute}"
-        );
-        assert!(
-            back <= in_a_minute + 5 * MICROS_PER_MILLI,
-            "{back} vs {in_a_minute}"
-        );
+        // Saved in whole milliseconds; the two clocks are read apart, and a
+        // loaded machine may run something else in between.
+        let slack = 500 * MICROS_PER_MILLI;
+        assert!(back >= in_a_minute - slack, "{back} vs {in_a_minute}");
+        assert!(back <= in_a_minute + slack, "{back} vs {in_a_minute}");
         // A deadline that passed while the node was down is due at once.
         let passed = deadline_of_wall_ms(wall_ms() - 10_000);
         assert!(passed <= now_us());

@@ -126,8 +126,10 @@ async fn perf_run_summary_is_consistent() {
     assert!(published > 100, "{summary}");
     // Stopping cuts off what is in flight: at most a window per producer.
     assert!(published - confirmed <= 2 * 30, "{summary}");
+    // Consumers stop when producers do: what they had not received yet is
+    // lost to the count, a tenth of the run at most even on a loaded machine.
     assert!(
-        published.abs_diff(consumed) <= 2 * 30 + published / 50,
+        published.abs_diff(consumed) <= 2 * 30 + published / 10,
         "{summary}"
     );
     for rate in ["published_rate", "confirmed_rate", "consumed_rate"] {
