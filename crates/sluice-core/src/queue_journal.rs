@@ -110,6 +110,13 @@ impl Durability {
     pub fn has_failed(&self) -> bool {
         self.log.has_failed()
     }
+
+    /// Whether the message will never be durable: its log failed before
+    /// syncing it. One synced before a later failure is safe on disk. The
+    /// failure is read first: a log does not sync once it has failed.
+    pub fn is_lost(&self) -> bool {
+        self.has_failed() && !self.is_synced()
+    }
 }
 
 pub struct QueueJournal {

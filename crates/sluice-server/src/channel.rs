@@ -65,6 +65,19 @@ struct WaitingConfirm {
     rejected: bool,
 }
 
+/// A tx.commit applied, whose commit-ok waits until its persistent messages
+/// are on disk, as in RabbitMQ: a transaction is the protocol's own way to
+/// know a message is safe.
+#[derive(Default)]
+struct PendingCommit {
+    durability: Vec<Durability>,
+    /// A queue refused a message (`reject-publish`, a failed journal).
+    rejected: bool,
+    /// Commit-oks owed: a client that sends tx.commit again before the
+    /// first commit-ok still gets one reply for each.
+    replies: u32,
+}
+
 /// Work buffered by a channel in tx mode until tx.commit.
 enum TxOperation {
     Publish(Arc<Message>, Publish),
@@ -101,6 +114,7 @@ pub struct Channel {
     content: Option<PendingContent>,
     confirms: Option<Confirms>,
     tx: Option<Transaction>,
+    committing: Option<PendingCommit>,
     consumers: HashMap<Arc<str>, ChannelConsumer>,
     reply_consumer: Option<ReplyConsumer>,
     /// basic.qos global=false: the prefetch given to consumers started next.
@@ -135,6 +149,7 @@ impl Channel {
             content: None,
             confirms: None,
             tx: None,
+            committing: None,
             consumers: HashMap::new(),
             reply_consumer: None,
             consumer_prefetch: 0,
@@ -154,8 +169,9 @@ impl Channel {
             .append(|out| encode_control(out, self.id, &class));
     }
 
+    /// Whether this channel may owe publish confirms or a commit-ok.
     pub fn has_confirms(&self) -> bool {
-        self.confirms.is_some()
+        self.confirms.is_some() || self.committing.is_some()
     }
 
     /// The queues this channel's consumers read from.
@@ -450,7 +466,10 @@ impl Channel {
                 self.congested_queues.push(queue);
             }
         }
-        if let Some(confirms) = self.confirms.as_mut() {
+        if let Some(commit) = self.committing.as_mut() {
+            commit.durability.extend(durability);
+            commit.rejected |= rejected;
+        } else if let Some(confirms) = self.confirms.as_mut() {
             confirms.next_sequence += 1;
             let sequence = confirms.next_sequence;
             if confirms.waiting.is_empty() && durability.is_empty() && !rejected {
@@ -475,19 +494,24 @@ impl Channel {
         }
     }
 
-    /// Whether confirms wait for a sync round.
+    /// Whether confirms or a commit-ok wait for a sync round.
     pub fn has_waiting_confirms(&self) -> bool {
-        self.confirms
-            .as_ref()
-            .is_some_and(|confirms| !confirms.waiting.is_empty())
+        self.committing.is_some()
+            || self
+                .confirms
+                .as_ref()
+                .is_some_and(|confirms| !confirms.waiting.is_empty())
     }
 
     /// Writes the confirms accumulated while handling a batch of frames: one
-    /// basic.ack with multiple for a run of publishes.
-    pub fn flush_confirms(&mut self, context: &ConnectionContext) {
+    /// basic.ack with multiple for a run of publishes; and the commit-ok of
+    /// a committed transaction once its messages are on disk. An error is a
+    /// transaction that could not be completed: it closes the channel.
+    pub fn flush_confirms(&mut self, context: &ConnectionContext) -> AmqpResult<()> {
+        self.settle_commit(context)?;
         let channel_id = self.id;
         let Some(confirms) = self.confirms.as_mut() else {
-            return;
+            return Ok(());
         };
         let write_acks = |confirms: &mut Confirms| {
             if confirms.confirmed_through == confirms.sent_through {
@@ -501,7 +525,7 @@ impl Channel {
                 .append(|out| encode_confirm(out, channel_id, delivery_tag, multiple, true));
         };
         while let Some(front) = confirms.waiting.front() {
-            let failed = front.rejected || front.durability.iter().any(Durability::has_failed);
+            let failed = front.rejected || front.durability.iter().any(Durability::is_lost);
             if failed {
                 // Acks for earlier publishes go out first, so that a
                 // multiple ack never covers this nack.
@@ -520,6 +544,32 @@ impl Channel {
             confirms.waiting.pop_front();
         }
         write_acks(confirms);
+        Ok(())
+    }
+
+    /// Sends the commit-ok of an applied transaction once every persistent
+    /// message in it is on disk; RabbitMQ's "partial tx completion" when a
+    /// queue refused one or its journal failed.
+    fn settle_commit(&mut self, context: &ConnectionContext) -> AmqpResult<()> {
+        let Some(commit) = &self.committing else {
+            return Ok(());
+        };
+        if commit.rejected || commit.durability.iter().any(Durability::is_lost) {
+            self.committing = None;
+            return Err(AmqpError::precondition_failed("partial tx completion"));
+        }
+        if !commit.durability.iter().all(Durability::is_synced) {
+            return Ok(());
+        }
+        let replies = commit.replies;
+        self.committing = None;
+        for _ in 0..replies {
+            self.reply(
+                context,
+                AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+            );
+        }
+        Ok(())
     }
 
     // ----- acknowledgements -----
@@ -1158,13 +1208,13 @@ impl Channel {
                 // Leave tx mode while applying, so the operations take effect
                 // instead of being buffered again.
                 let transaction = self.tx.take();
+                self.committing.get_or_insert_with(Default::default).replies += 1;
                 let result = self.apply_transaction(context, operations);
                 self.tx = transaction;
                 result?;
-                self.reply(
-                    context,
-                    AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
-                );
+                // Commit-ok now if nothing waits for the disk, else once the
+                // sync round has it (the connection flushes this channel).
+                self.settle_commit(context)?;
             }
             tx::AMQPMethod::Rollback(_) => {
                 let Some(transaction) = self.tx.as_mut() else {

@@ -450,17 +450,38 @@ impl Connection {
     }
 
     fn flush_waiting_confirms(&mut self) {
-        for channel in self.channels.values_mut() {
+        let mut failed = Vec::new();
+        for (channel_id, channel) in self.channels.iter_mut() {
             if channel.has_waiting_confirms() {
-                channel.flush_confirms(&self.context);
+                if let Err(error) = channel.flush_confirms(&self.context) {
+                    failed.push((*channel_id, error));
+                }
             }
         }
+        self.close_failed_commits(failed);
     }
 
     fn flush_confirms(&mut self) {
+        let mut failed = Vec::new();
         for channel_id in self.confirm_channels.drain(..) {
             if let Some(channel) = self.channels.get_mut(&channel_id) {
-                channel.flush_confirms(&self.context);
+                if let Err(error) = channel.flush_confirms(&self.context) {
+                    failed.push((channel_id, error));
+                }
+            }
+        }
+        self.close_failed_commits(failed);
+    }
+
+    /// Closes the channels whose committed transaction could not be
+    /// completed, naming tx.commit as RabbitMQ does.
+    fn close_failed_commits(&mut self, failed: Vec<(u16, AmqpError)>) {
+        const TX_COMMIT: (u16, u16) = (90, 20);
+        for (channel_id, error) in failed {
+            if let Flow::CloseWith(error, class_id, method_id) =
+                self.channel_error(channel_id, error, TX_COMMIT)
+            {
+                self.start_close(&error, class_id, method_id);
             }
         }
     }
@@ -696,7 +717,9 @@ impl Connection {
         }
         tracing::debug!(peer = %self.peer, channel_id, %error, "closing channel");
         if let Some(channel) = self.channels.get_mut(&channel_id) {
-            channel.flush_confirms(&self.context);
+            // Confirms already earned still go out; a transaction still
+            // waiting for the disk is abandoned with the channel.
+            let _ = channel.flush_confirms(&self.context);
             channel.release(&self.context);
             channel.closing = true;
         }

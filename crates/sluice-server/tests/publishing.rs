@@ -326,6 +326,42 @@ async fn publishing_tx_commit_makes_messages_visible() {
     server.stop().await;
 }
 
+/// A queue that refuses a committed message (`reject-publish` at its
+/// limit) fails the commit with RabbitMQ's "partial tx completion"; what the
+/// other queues took stays.
+#[tokio::test]
+async fn publishing_tx_commit_refused_by_a_queue_is_a_partial_completion() {
+    let server = TestServer::start().await;
+    let connection = connect(&server).await;
+    let observer = connection.create_channel().await.unwrap();
+    declare_with(
+        &observer,
+        "one-only",
+        Default::default(),
+        table(&[
+            ("x-max-length", AMQPValue::LongInt(1)),
+            ("x-overflow", text("reject-publish")),
+        ]),
+    )
+    .await
+    .unwrap();
+    let tx_channel = connection.create_channel().await.unwrap();
+    tx_channel.tx_select().await.unwrap();
+    publish(&tx_channel, "", "one-only", b"fits").await;
+    publish(&tx_channel, "", "one-only", b"refused").await;
+    let (code, text) = amqp_error(tx_channel.tx_commit().await);
+    assert_eq!(
+        (code, text.as_str()),
+        (406, "PRECONDITION_FAILED - partial tx completion")
+    );
+    assert_eq!(
+        get_body(&observer, "one-only", true).await,
+        Some(b"fits".to_vec())
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn publishing_tx_rollback_discards() {
     let server = TestServer::start().await;
