@@ -160,9 +160,7 @@ impl DefinitionStore {
             .map_err(|error| StoreError::io(context("writing"), error))?;
         std::fs::rename(&temporary, &path)
             .map_err(|error| StoreError::io(context("renaming"), error))?;
-        std::fs::File::open(&self.data_dir)
-            .and_then(|directory| directory.sync_all())
-            .map_err(|error| StoreError::io(format!("syncing {}", self.data_dir.display()), error))
+        sluice_store::sync_dir(&self.data_dir)
     }
 }
 

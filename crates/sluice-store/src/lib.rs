@@ -40,3 +40,12 @@ impl StoreError {
         }
     }
 }
+
+/// Makes the entries of `dir` durable: a file created, renamed or removed
+/// in it survives a power loss only once its directory is synced too (an
+/// fdatasync of the file itself does not promise its name).
+pub fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|directory| directory.sync_all())
+        .map_err(|error| StoreError::io(format!("syncing the directory {}", dir.display()), error))
+}

@@ -39,8 +39,14 @@ impl SegmentLog {
     /// torn or corrupt tail of any segment is cut off and logged; the records
     /// before it are kept.
     pub fn recover(dir: &Path, mut visit: impl FnMut(RecordView<'_>)) -> Result<Self, StoreError> {
+        let created = !dir.exists();
         std::fs::create_dir_all(dir)
             .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
+        if created {
+            if let Some(parent) = dir.parent() {
+                crate::sync_dir(parent)?;
+            }
+        }
         let paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|error| StoreError::io(format!("listing {}", dir.display()), error))?
             .filter_map(|entry| entry.ok())
@@ -118,7 +124,12 @@ impl SegmentLog {
         let segment = match self.segments.entry(id) {
             std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::btree_map::Entry::Vacant(entry) => {
-                entry.insert(Segment::open(&self.dir, id)?)
+                let segment = Segment::open(&self.dir, id)?;
+                // The new name (a created file, or a preallocated one
+                // renamed) must be on disk before anything written into it
+                // is reported durable; this runs before the round's fsync.
+                crate::sync_dir(&self.dir)?;
+                entry.insert(segment)
             }
         };
         segment.write(bytes)
