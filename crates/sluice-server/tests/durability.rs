@@ -169,6 +169,65 @@ async fn durability_persistent_messages_survive_a_restart_and_acked_ones_do_not(
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
+/// A persistent publish into a durable queue deleted before its message
+/// reached the disk is confirmed (as in RabbitMQ), and the confirms after it
+/// on the channel are not held up.
+#[tokio::test]
+async fn durability_publish_into_a_queue_deleted_before_the_sync_is_confirmed() {
+    let data_dir = std::env::temp_dir().join(format!("sluice-deleted-sync-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let dir = data_dir.clone();
+    let server = TestServer::start_with(move |config| {
+        config.data_dir = dir;
+        // Rounds at most once a second: a publish just after one waits.
+        config.store.sync_interval = std::time::Duration::from_secs(1);
+    })
+    .await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for queue in ["doomed", "kept"] {
+        declare_with(&channel, queue, durable(), FieldTable::default())
+            .await
+            .unwrap();
+    }
+    let publish_to = |queue: &'static str| {
+        let channel = channel.clone();
+        async move {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    b"x",
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    // This one's round starts at once; the next publish waits for the next.
+    assert!(publish_to("kept").await.await.unwrap().is_ack());
+    let into_doomed = publish_to("doomed").await;
+    let after = publish_to("kept").await;
+    let deleter = connection.create_channel().await.unwrap();
+    deleter
+        .queue_delete("doomed".into(), Default::default())
+        .await
+        .unwrap();
+    let confirmed = tokio::time::timeout(ARRIVAL_TIMEOUT, async {
+        (into_doomed.await.unwrap(), after.await.unwrap())
+    })
+    .await
+    .expect("both confirms arrive");
+    assert!(confirmed.0.is_ack() && confirmed.1.is_ack());
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
 #[tokio::test]
 async fn durability_deleted_queue_does_not_come_back() {
     let data_dir =

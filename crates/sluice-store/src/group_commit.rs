@@ -436,6 +436,14 @@ impl LogBuffer {
         let mut pending = lock(&self.pending);
         pending.destroyed = true;
         pending.chunks.clear();
+        // What was still buffered went with the queue. As in RabbitMQ, a
+        // publish into a queue deleted before its message was written is
+        // confirmed, not left waiting: its confirm would otherwise hold up
+        // every later confirm on its channel. The round that finds this log
+        // destroyed wakes the waiters.
+        let last_sequence = pending.next_sequence - 1;
+        self.synced_sequence
+            .fetch_max(last_sequence, Ordering::AcqRel);
         drop(pending);
         self.wait_for_preallocation();
         lock(&self.readers).clear();
