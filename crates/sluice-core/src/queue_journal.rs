@@ -604,6 +604,11 @@ impl QueueJournal {
     /// lock is also held by the sync thread across an fsync, and an ack must
     /// not wait for that.
     pub fn reclaim(&mut self, mut always: bool) {
+        if self.log.has_failed() {
+            // Copies moved by compaction may have died in the buffer with
+            // the failure: the old segments stay, and recovery sorts it out.
+            return;
+        }
         if let Some(sequence) = self.reclaim_after {
             if !self.log.is_synced(sequence) {
                 return;
