@@ -127,13 +127,18 @@ impl DefinitionStore {
         self.data_dir.join(QUEUES_DIR).join(store_id)
     }
 
-    /// Replaces one vhost's definitions and rewrites the file. A failure is
-    /// logged: the change stays in effect in memory, as the client was told.
-    pub fn save_vhost(&self, vhost: &str, definitions: VhostDefinitions) {
+    /// Replaces one vhost's definitions with a snapshot and rewrites the
+    /// file. The snapshot is taken under the file's lock: two changes saved
+    /// at once would otherwise race, and the one with the older snapshot,
+    /// written last, would drop the other's queue from the file. A failure
+    /// is logged: the change stays in effect in memory, as the client was
+    /// told.
+    pub fn save_vhost(&self, vhost: &str, snapshot: impl FnOnce() -> VhostDefinitions) {
         let mut current = self
             .current
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let definitions = snapshot();
         if current.vhosts.get(vhost) == Some(&definitions) {
             return;
         }

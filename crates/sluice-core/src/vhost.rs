@@ -981,7 +981,7 @@ impl VirtualHost {
 
     fn persist(&self) {
         if let Some(store) = &self.store {
-            store.save_vhost(&self.name, self.durable_definitions());
+            store.save_vhost(&self.name, || self.durable_definitions());
         }
     }
 
