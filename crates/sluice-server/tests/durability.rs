@@ -169,6 +169,20 @@ async fn durability_persistent_messages_survive_a_restart_and_acked_ones_do_not(
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
+/// Publishes a persistent message; returns its confirm, still to come.
+async fn publish_persistent(channel: &lapin::Channel, queue: &str) -> lapin::PublisherConfirm {
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            b"x",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+}
+
 /// A persistent publish into a durable queue deleted before its message
 /// reached the disk is confirmed (as in RabbitMQ), and the confirms after it
 /// on the channel are not held up.
@@ -193,25 +207,14 @@ async fn durability_publish_into_a_queue_deleted_before_the_sync_is_confirmed() 
             .await
             .unwrap();
     }
-    let publish_to = |queue: &'static str| {
-        let channel = channel.clone();
-        async move {
-            channel
-                .basic_publish(
-                    "".into(),
-                    queue.into(),
-                    BasicPublishOptions::default(),
-                    b"x",
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .unwrap()
-        }
-    };
     // This one's round starts at once; the next publish waits for the next.
-    assert!(publish_to("kept").await.await.unwrap().is_ack());
-    let into_doomed = publish_to("doomed").await;
-    let after = publish_to("kept").await;
+    assert!(publish_persistent(&channel, "kept")
+        .await
+        .await
+        .unwrap()
+        .is_ack());
+    let into_doomed = publish_persistent(&channel, "doomed").await;
+    let after = publish_persistent(&channel, "kept").await;
     let deleter = connection.create_channel().await.unwrap();
     deleter
         .queue_delete("doomed".into(), Default::default())
