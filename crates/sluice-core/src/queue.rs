@@ -1364,7 +1364,16 @@ impl Queue {
         self.unlock(state);
     }
 
-    pub fn add_consumer(self: &Arc<Self>, consumer: Arc<Consumer>) -> AmqpResult<()> {
+    /// Registers a consumer. `announce` runs under the queue's lock once the
+    /// checks have passed and before the consumer can be given anything:
+    /// the caller writes consume-ok there, so no delivery (from a publish,
+    /// an ack or a timer on another thread) can overtake it, as the queue
+    /// process itself sends consume-ok in RabbitMQ.
+    pub fn add_consumer(
+        self: &Arc<Self>,
+        consumer: Arc<Consumer>,
+        announce: impl FnOnce(),
+    ) -> AmqpResult<()> {
         let mut state = self.lock();
         if self.is_deleted() {
             return Err(AmqpError::not_found(format!(
@@ -1383,6 +1392,7 @@ impl Queue {
                 self.name, self.vhost
             )));
         }
+        announce();
         if state.consumers.is_empty() {
             // Flow measures the backlog's growth from where it is now.
             state.flow_floor = (state.ready_count() as u64, state.ready_bytes);
@@ -1399,8 +1409,8 @@ impl Queue {
             state.consumers.insert(position, consumer);
         }
         state.had_consumer = true;
-        // No dispatch here: the caller sends consume-ok first, then calls
-        // dispatch, so deliveries never overtake the consume-ok.
+        // No dispatch here: the caller calls it once its own bookkeeping
+        // of the consumer is done.
         Ok(())
     }
 

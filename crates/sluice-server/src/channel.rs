@@ -1089,21 +1089,22 @@ impl Channel {
             unacked: AtomicU32::new(0),
             sink: self.deliveries.clone(),
         });
-        queue.add_consumer(consumer)?;
+        queue.add_consumer(consumer, || {
+            if !consume.nowait {
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                        consumer_tag: tag.as_ref().into(),
+                    })),
+                );
+            }
+        })?;
         self.consumers.insert(
             Arc::clone(&tag),
             ChannelConsumer {
                 queue: Arc::clone(&queue),
             },
         );
-        if !consume.nowait {
-            self.reply(
-                context,
-                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-                    consumer_tag: tag.as_ref().into(),
-                })),
-            );
-        }
         queue.dispatch();
         Ok(())
     }

@@ -776,3 +776,90 @@ async fn consumers_multiple_ack_beyond_outstanding_tags_is_406() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// consume-ok reaches the client before any delivery to the new consumer,
+/// even while another connection's publishes dispatch to the queue from
+/// another thread: clients such as the Java one know a consumer tag only
+/// from its consume-ok, and treat a delivery before it as unsolicited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_consume_ok_comes_before_any_delivery_under_concurrent_publishes() {
+    use sluice_wire::amq_protocol::protocol::{basic, AMQPClass};
+    use sluice_wire::amq_protocol::types::FieldTable as WireTable;
+    use sluice_wire::frame::FrameType;
+    use sluice_wire::method::{decode_method, Method};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use support::raw::RawClient;
+
+    const ATTEMPTS: usize = 200;
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "busy").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                publish(&channel, "", "busy", b"x").await;
+            }
+            channel
+        })
+    };
+    let mut client = RawClient::open(server.address).await;
+    client.open_channel(1).await;
+    for attempt in 0..ATTEMPTS {
+        let tag = format!("c{attempt}");
+        client
+            .send_method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                    queue: "busy".into(),
+                    consumer_tag: tag.as_str().into(),
+                    no_local: false,
+                    no_ack: true,
+                    exclusive: false,
+                    nowait: false,
+                    arguments: WireTable::default(),
+                })),
+            )
+            .await;
+        // Frames of earlier consumers (deliveries, cancel-oks) come first;
+        // the first one naming this tag must be its consume-ok.
+        loop {
+            let frame = client
+                .read_frame()
+                .await
+                .expect("the connection stays open");
+            if frame.frame_type != FrameType::Method {
+                continue;
+            }
+            match decode_method(&frame.payload).expect("server method decodes") {
+                Method::Control(AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)))
+                    if ok.consumer_tag.as_str() == tag =>
+                {
+                    break
+                }
+                Method::Control(AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)))
+                    if deliver.consumer_tag.as_str() == tag =>
+                {
+                    panic!("attempt {attempt}: a delivery to {tag} came before its consume-ok")
+                }
+                _ => {}
+            }
+        }
+        client
+            .send_method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                    consumer_tag: tag.as_str().into(),
+                    nowait: true,
+                })),
+            )
+            .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    // Kept open until the connection closes.
+    let _channel = publisher.await.unwrap();
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
