@@ -81,9 +81,11 @@ struct PendingCommit {
 /// Work buffered by a channel in tx mode until tx.commit.
 enum TxOperation {
     Publish(Arc<Message>, Publish),
+    /// Acks, nacks and rejects: their messages are taken from the unacked
+    /// ones when the method arrives, so an unknown or repeated tag fails
+    /// then (as in RabbitMQ), and go back on rollback.
     Settle {
-        delivery_tag: u64,
-        multiple: bool,
+        settled: Vec<Unacked>,
         requeue: Option<bool>,
     },
 }
@@ -594,19 +596,32 @@ impl Channel {
         requeue: Option<bool>,
     ) -> AmqpResult<()> {
         if let Some(transaction) = self.tx.as_mut() {
-            transaction.operations.push(TxOperation::Settle {
-                delivery_tag,
-                multiple,
-                requeue,
-            });
+            let mut settled = Vec::new();
+            self.deliveries.take(delivery_tag, multiple, &mut settled)?;
+            transaction
+                .operations
+                .push(TxOperation::Settle { settled, requeue });
             return Ok(());
         }
         let mut settled = std::mem::take(&mut self.settled_scratch);
         let result = self.deliveries.settle(delivery_tag, multiple, &mut settled);
         if result.is_ok() {
+            self.finish_settle(&mut settled, requeue);
+        }
+        settled.clear();
+        self.settled_scratch = settled;
+        result
+    }
+
+    /// Hands settled messages to their queues: acked, requeued, or rejected
+    /// (dead-lettered where the queue says so); then lets this channel's
+    /// queues deliver into the prefetch room freed. Leaves `settled` empty
+    /// or to be cleared.
+    fn finish_settle(&mut self, settled: &mut Vec<Unacked>, requeue: Option<bool>) {
+        {
             let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
             if requeue == Some(true) {
-                for entry in &settled {
+                for entry in settled.iter() {
                     if !dispatched
                         .iter()
                         .any(|queue| Arc::ptr_eq(queue, &entry.queue))
@@ -619,7 +634,7 @@ impl Channel {
                 // nack and reject without requeue dead-letter where the
                 // queue has a dead-letter exchange.
                 let rejected = requeue == Some(false);
-                settle_by_queue(&settled, rejected, &mut dispatched);
+                settle_by_queue(settled, rejected, &mut dispatched);
             }
             // Settling and requeueing dispatch on their own queues; the
             // other queues of this channel's consumers may deliver now too,
@@ -635,9 +650,6 @@ impl Channel {
             dispatched.clear();
             self.dispatched_scratch = dispatched;
         }
-        settled.clear();
-        self.settled_scratch = settled;
-        result
     }
 
     /// Prefetch room was freed: let this channel's queues deliver again.
@@ -1212,6 +1224,10 @@ impl Channel {
                 self.committing.get_or_insert_with(Default::default).replies += 1;
                 let result = self.apply_transaction(context, operations);
                 self.tx = transaction;
+                if result.is_err() {
+                    // The channel closes with the error: no commit-ok is owed.
+                    self.committing = None;
+                }
                 result?;
                 // Commit-ok now if nothing waits for the disk, else once the
                 // sync round has it (the connection flushes this channel).
@@ -1223,8 +1239,9 @@ impl Channel {
                         "channel is not transactional",
                     ));
                 };
-                transaction.operations.clear();
+                let operations = std::mem::take(&mut transaction.operations);
                 transaction.body_bytes = 0;
+                self.restore_held_acks(operations);
                 self.reply(
                     context,
                     AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
@@ -1252,13 +1269,30 @@ impl Channel {
                     self.route_and_enqueue(context, &exchange, message, &publish)?
                 }
                 TxOperation::Settle {
-                    delivery_tag,
-                    multiple,
+                    mut settled,
                     requeue,
-                } => self.settle(delivery_tag, multiple, requeue)?,
+                } => {
+                    self.deliveries.release_held(&settled);
+                    self.finish_settle(&mut settled, requeue);
+                }
             }
         }
         Ok(())
+    }
+
+    /// The messages a transaction's acks, nacks and rejects took are
+    /// unacked again (rollback, or the channel closing).
+    fn restore_held_acks(&mut self, operations: Vec<TxOperation>) {
+        let held: Vec<Unacked> = operations
+            .into_iter()
+            .flat_map(|operation| match operation {
+                TxOperation::Settle { settled, .. } => settled,
+                TxOperation::Publish(..) => Vec::new(),
+            })
+            .collect();
+        if !held.is_empty() {
+            self.deliveries.restore(held);
+        }
     }
 
     /// Closes the channel's side of things: consumers cancelled (auto-delete
@@ -1266,6 +1300,11 @@ impl Channel {
     /// their queues in order, marked redelivered.
     pub fn release(&mut self, context: &ConnectionContext) {
         self.cancel_reply_consumer(context);
+        // Acks of an uncommitted transaction never happened: their messages
+        // are requeued with the other unacked ones.
+        if let Some(transaction) = self.tx.take() {
+            self.restore_held_acks(transaction.operations);
+        }
         let unacked = self.deliveries.close();
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         let mut new_active: Vec<Arc<Queue>> = Vec::new();

@@ -161,6 +161,20 @@ impl ChannelDeliveries {
         into: &mut Vec<Unacked>,
     ) -> AmqpResult<()> {
         let start = into.len();
+        self.take(delivery_tag, multiple, into)?;
+        release_prefetch(&into[start..]);
+        Ok(())
+    }
+
+    /// Takes what [`Self::settle`] would, but the consumers' prefetch stays
+    /// used: a transaction holds the acks until it commits
+    /// ([`Self::release_held`]) or rolls back ([`Self::restore`]).
+    pub fn take(
+        &self,
+        delivery_tag: u64,
+        multiple: bool,
+        into: &mut Vec<Unacked>,
+    ) -> AmqpResult<()> {
         let mut state = self.lock();
         if multiple {
             let count = if delivery_tag == 0 {
@@ -185,9 +199,24 @@ impl ChannelDeliveries {
                 .map_err(|_| unknown_delivery_tag(delivery_tag))?;
             into.extend(state.unacked.remove(index));
         }
-        drop(state);
-        release_prefetch(&into[start..]);
         Ok(())
+    }
+
+    /// A committed transaction's acks free their consumers' prefetch.
+    pub fn release_held(&self, held: &[Unacked]) {
+        release_prefetch(held);
+    }
+
+    /// A rolled-back transaction's acks: the messages are unacked again,
+    /// in delivery-tag order.
+    pub fn restore(&self, held: Vec<Unacked>) {
+        let mut state = self.lock();
+        for unacked in held {
+            let position = state
+                .unacked
+                .partition_point(|existing| existing.delivery_tag < unacked.delivery_tag);
+            state.unacked.insert(position, unacked);
+        }
     }
 }
 

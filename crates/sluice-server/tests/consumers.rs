@@ -479,6 +479,74 @@ async fn consumers_ack_nack_reject_with_multiple_and_requeue() {
     server.stop().await;
 }
 
+/// In a transaction an ack takes its message when it arrives, as in
+/// RabbitMQ: acking the same tag twice fails at the second ack, not at the
+/// commit; a rollback makes the message unacked again; a committed ack
+/// settles it; and acks never committed are requeued when the channel
+/// closes.
+#[tokio::test]
+async fn consumers_acks_in_a_transaction_are_checked_when_they_arrive() {
+    let server = TestServer::start().await;
+    let (connection, observer) = open(&server).await;
+    declare(&observer, "tx-acks").await;
+    publish(&observer, "", "tx-acks", b"m1").await;
+    publish(&observer, "", "tx-acks", b"m2").await;
+    let queue = server.queue("tx-acks");
+    eventually("both are in the queue", || queue.message_count() == 2).await;
+
+    let channel = connection.create_channel().await.unwrap();
+    channel.tx_select().await.unwrap();
+    let get = |channel: lapin::Channel| async move {
+        channel
+            .basic_get("tx-acks".into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .expect("a message")
+            .delivery
+    };
+    let first = get(channel.clone()).await;
+    assert_eq!(first.data, b"m1");
+    // Acked, rolled back, acked again and committed: settled once.
+    channel
+        .basic_ack(first.delivery_tag, BasicAckOptions::default())
+        .await
+        .unwrap();
+    channel.tx_rollback().await.unwrap();
+    channel
+        .basic_ack(first.delivery_tag, BasicAckOptions::default())
+        .await
+        .unwrap();
+    channel.tx_commit().await.unwrap();
+    // An ack in the transaction, then the same tag again: refused at once.
+    let second = get(channel.clone()).await;
+    assert_eq!(second.data, b"m2");
+    let mut watcher = close_watcher(&channel).await;
+    for _ in 0..2 {
+        channel
+            .basic_ack(second.delivery_tag, BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        channel_closed_with(&mut watcher).await,
+        (
+            406,
+            format!(
+                "PRECONDITION_FAILED - unknown delivery tag {}",
+                second.delivery_tag
+            )
+        )
+    );
+    // The first ack was never committed: m2 is back, m1 is gone.
+    eventually("m2 is requeued", || queue.message_count() == 1).await;
+    assert_eq!(
+        get_body(&observer, "tx-acks", true).await,
+        Some(b"m2".to_vec())
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn consumers_ack_of_unknown_tag_closes_the_channel_with_406() {
     let server = TestServer::start().await;
