@@ -610,11 +610,14 @@ impl Connection {
                     self.channels.remove(&channel_id);
                 }
                 Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(_))) => {
+                    // The two closes crossed. Answered, but the channel
+                    // stays closing until the client's close-ok for ours, as
+                    // in RabbitMQ: forgotten now, that close-ok would land on
+                    // an unknown channel and close the whole connection.
                     self.send(
                         channel_id,
                         AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
                     );
-                    self.channels.remove(&channel_id);
                 }
                 _ => {} // dropped, as the specification asks, until close-ok
             }

@@ -350,6 +350,54 @@ async fn frames_message_over_max_message_size_closes_the_channel() {
     server.stop().await;
 }
 
+/// The client closes a channel just as the server closes it for an error:
+/// each side answers the other's close, and the connection carries on, as
+/// in RabbitMQ (the Java client always answers the server's close).
+#[tokio::test]
+async fn frames_crossing_channel_closes_leave_the_connection_open() {
+    let server = TestServer::start().await;
+    let mut client = open_channel_one(&server).await;
+    // A channel error (404) and the client's own close, sent together.
+    client.send_method(1, declare("missing", true)).await;
+    client
+        .send_method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: 200,
+                reply_text: "bye".into(),
+                class_id: 0,
+                method_id: 0,
+            })),
+        )
+        .await;
+    let close = client.expect_channel_close(1).await;
+    assert_eq!(close.reply_code, 404);
+    match client.read_method().await {
+        (1, Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))) => {}
+        other => panic!("expected close-ok for the client's close, got {other:?}"),
+    }
+    // The client answers the server's close, as the specification asks.
+    client
+        .send_method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        )
+        .await;
+    // Still connected: channel 1 opens again and works.
+    client.open_channel(1).await;
+    client
+        .send_method(1, declare("after-crossing", false))
+        .await;
+    match client.read_method().await {
+        (1, Method::Control(AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)))) => {
+            assert_eq!(ok.queue.as_str(), "after-crossing");
+        }
+        other => panic!("expected declare-ok, got {other:?}"),
+    }
+    drop(client);
+    server.stop().await;
+}
+
 // ----- robustness -----
 
 /// xorshift64*: deterministic bytes without a dependency.
