@@ -1445,6 +1445,14 @@ impl Queue {
             && state.had_consumer
             && state.consumers.is_empty()
             && !self.is_deleted();
+        if queue_now_unused {
+            // Deleted from here, under the lock that adds consumers: a
+            // consumer arriving from another connection before the caller
+            // removes the queue finds it gone (404), as in RabbitMQ, whose
+            // queue process decides this in one step, instead of joining a
+            // queue about to be deleted and never hearing of it.
+            self.deleted.store(true, Ordering::Release);
+        }
         Some(ConsumerRemoved {
             consumer,
             queue_now_unused,
