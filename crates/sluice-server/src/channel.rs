@@ -204,6 +204,22 @@ impl Channel {
         }
     }
 
+    /// RabbitMQ's shortcut for queue.bind and queue.unbind naming neither a
+    /// queue nor a routing key: the key is the last declared queue's name,
+    /// so `queue.bind(exchange)` right after a declare binds that queue
+    /// under its own name.
+    fn binding_key<'a>(
+        &self,
+        queue: &str,
+        routing_key: &'a str,
+    ) -> AmqpResult<std::borrow::Cow<'a, str>> {
+        if queue.is_empty() && routing_key.is_empty() {
+            self.queue_name("")
+        } else {
+            Ok(std::borrow::Cow::Borrowed(routing_key))
+        }
+    }
+
     // ----- publishing -----
 
     pub fn handle_publish(&mut self, publish: Publish) -> AmqpResult<()> {
@@ -857,10 +873,12 @@ impl Channel {
             }
             queue::AMQPMethod::Bind(bind) => {
                 let name = self.queue_name(bind.queue.as_str())?;
+                let routing_key =
+                    self.binding_key(bind.queue.as_str(), bind.routing_key.as_str())?;
                 vhost.bind(
                     bind.exchange.as_str(),
                     Destination::Queue(Arc::from(name.as_ref())),
-                    bind.routing_key.as_str(),
+                    &routing_key,
                     bind.arguments,
                     context.connection_id,
                 )?;
@@ -873,10 +891,12 @@ impl Channel {
             }
             queue::AMQPMethod::Unbind(unbind) => {
                 let name = self.queue_name(unbind.queue.as_str())?;
+                let routing_key =
+                    self.binding_key(unbind.queue.as_str(), unbind.routing_key.as_str())?;
                 vhost.unbind(
                     unbind.exchange.as_str(),
                     Destination::Queue(Arc::from(name.as_ref())),
-                    unbind.routing_key.as_str(),
+                    &routing_key,
                     unbind.arguments,
                     context.connection_id,
                 )?;

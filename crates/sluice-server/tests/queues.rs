@@ -501,6 +501,48 @@ async fn queues_empty_name_means_last_declared_queue() {
         get_body(&channel, "", true).await,
         Some(b"to the last".to_vec())
     );
+    // No queue and no routing key: the key is the queue's name too, as in
+    // RabbitMQ.
+    channel
+        .queue_bind(
+            "".into(),
+            "amq.direct".into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish(&channel, "amq.direct", "", b"empty key").await;
+    publish(
+        &channel,
+        "amq.direct",
+        generated.name().as_str(),
+        b"by name",
+    )
+    .await;
+    assert_eq!(
+        get_body(&channel, "", true).await,
+        Some(b"by name".to_vec())
+    );
+    assert_eq!(get_body(&channel, "", true).await, None);
+    channel
+        .queue_unbind(
+            "".into(),
+            "amq.direct".into(),
+            "".into(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish(
+        &channel,
+        "amq.direct",
+        generated.name().as_str(),
+        b"unbound",
+    )
+    .await;
+    assert_eq!(get_body(&channel, "", true).await, None);
     let queue = declare_with(&channel, "", passive(), FieldTable::default())
         .await
         .unwrap();
