@@ -439,16 +439,19 @@ impl VirtualHost {
             if let Some(existing) = queues.get(declaration.name) {
                 existing.check_access(connection_id)?;
                 let what = self.describe_queue(declaration.name);
-                if existing.options.durable != declaration.durable {
+                // RabbitMQ's `assert_equivalence` order: exclusivity, then
+                // the flags, then the arguments.
+                if existing.is_exclusive() != declaration.exclusive {
+                    return Err(existing_exclusive_mismatch(existing));
+                }
+                let durable = declaration.durable && !declaration.exclusive;
+                if existing.options.durable != durable {
                     return Err(inequivalent_flag(
                         "durable",
                         &what,
-                        declaration.durable,
+                        durable,
                         existing.options.durable,
                     ));
-                }
-                if existing.is_exclusive() != declaration.exclusive {
-                    return Err(existing_exclusive_mismatch(existing));
                 }
                 if existing.options.auto_delete != declaration.auto_delete {
                     return Err(inequivalent_flag(
@@ -486,13 +489,15 @@ impl VirtualHost {
         let effective = self.effective_queue_arguments(&name, &declaration.arguments);
         let limits = QueueLimits::from_arguments(&effective);
         let options = QueueOptions {
-            durable: declaration.durable,
+            // An exclusive queue dies with its connection, so it is never
+            // durable, whatever was asked: RabbitMQ stores it as transient.
+            durable: declaration.durable && !declaration.exclusive,
             exclusive_owner: declaration.exclusive.then_some(connection_id),
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments,
         };
         let journaled = match &self.store {
-            Some(store) if options.durable && options.exclusive_owner.is_none() => Some(store),
+            Some(store) if options.durable => Some(store),
             _ => None,
         };
         let mut queue = match journaled {

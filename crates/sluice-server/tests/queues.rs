@@ -190,6 +190,35 @@ async fn queues_exclusive_queue_is_locked_and_dies_with_its_connection() {
     declare_with(&second_channel, "mine", passive(), FieldTable::default())
         .await
         .unwrap();
+    // An exclusive queue is never durable, whatever the declare says, as in
+    // RabbitMQ: redeclaring it durable is equivalent.
+    declare_with(
+        &second_channel,
+        "mine",
+        QueueDeclareOptions {
+            exclusive: true,
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    // Redeclared by its owner as not exclusive: locked, checked before the
+    // durable flag, as in RabbitMQ.
+    let error = amqp_error(
+        declare_with(
+            &second_channel,
+            "mine",
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await,
+    );
+    assert_eq!(error, locked);
     owner.close(200, "bye".into()).await.unwrap();
     let other_channel = other.create_channel().await.unwrap();
     let (code, _) =
