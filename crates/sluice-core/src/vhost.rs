@@ -267,6 +267,13 @@ impl VirtualHost {
     pub fn declare_exchange(&self, declaration: ExchangeDeclaration<'_>) -> AmqpResult<()> {
         let name = declaration.name;
         if declaration.passive {
+            // Refused even though it exists, as RabbitMQ's passive declare
+            // checks the default exchange before it looks the name up.
+            if name.is_empty() {
+                return Err(AmqpError::access_refused(
+                    "operation not permitted on the default exchange",
+                ));
+            }
             self.exchange(name)?;
             return Ok(());
         }

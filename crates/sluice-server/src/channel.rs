@@ -843,14 +843,11 @@ impl Channel {
                 self.declare_reply_to(context, declare)?
             }
             queue::AMQPMethod::Declare(declare) => {
-                let name = if declare.passive {
-                    self.queue_name(declare.queue.as_str())?.into_owned()
-                } else {
-                    declare.queue.as_str().to_owned()
-                };
+                // A passive declare of "" is not the last declared queue:
+                // RabbitMQ looks up the name as given, and finds none.
                 let (queue, _created) = vhost.declare_queue(
                     QueueDeclaration {
-                        name: &name,
+                        name: declare.queue.as_str(),
                         passive: declare.passive,
                         durable: declare.durable,
                         exclusive: declare.exclusive,

@@ -298,6 +298,27 @@ async fn exchanges_reserved_names_are_refused_with_403() {
             "ACCESS_REFUSED - operation not permitted on the default exchange".to_owned()
         )
     );
+    // Passively too, as in RabbitMQ.
+    let channel = connection.create_channel().await.unwrap();
+    let error = amqp_error(
+        declare_exchange(
+            &channel,
+            "",
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+        )
+        .await,
+    );
+    assert_eq!(
+        error,
+        (
+            403,
+            "ACCESS_REFUSED - operation not permitted on the default exchange".to_owned()
+        )
+    );
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
@@ -306,8 +327,9 @@ async fn exchanges_reserved_names_are_refused_with_403() {
 async fn exchanges_standard_exchanges_exist() {
     let server = TestServer::start().await;
     let (connection, channel) = open(&server).await;
+    // The default exchange too, though a passive declare of it is refused
+    // (checked in exchanges_reserved_names_are_refused_with_403).
     for name in [
-        "",
         "amq.direct",
         "amq.fanout",
         "amq.topic",
