@@ -576,15 +576,16 @@ impl VirtualHost {
             }
             Err(error) => return Err(error),
         };
-        if if_unused && queue.consumer_count() > 0 {
-            return Err(AmqpError::precondition_failed(format!(
-                "{} in use",
-                self.describe_queue(name)
-            )));
-        }
+        // Emptiness first, then use, as RabbitMQ's queue process checks.
         if if_empty && queue.message_count() > 0 {
             return Err(AmqpError::precondition_failed(format!(
                 "{} not empty",
+                self.describe_queue(name)
+            )));
+        }
+        if if_unused && queue.consumer_count() > 0 {
+            return Err(AmqpError::precondition_failed(format!(
+                "{} in use",
                 self.describe_queue(name)
             )));
         }

@@ -187,6 +187,14 @@ impl Channel {
         self.content.is_some()
     }
 
+    /// Whether the publish in progress has its content header and waits for
+    /// body frames.
+    pub fn expects_content_body(&self) -> bool {
+        self.content
+            .as_ref()
+            .is_some_and(|pending| pending.header.is_some())
+    }
+
     /// Forgets consumers the queue cancelled since the last method.
     fn prune_cancelled_consumers(&mut self) {
         for tag in self.deliveries.take_cancelled_by_queue() {

@@ -626,13 +626,13 @@ impl Connection {
         if channel.expects_content() {
             // RabbitMQ's command assembler names the publish whose content
             // was cut short, not the method that interrupted it.
-            return Flow::CloseWith(
-                AmqpError::unexpected_frame(format!(
-                    "expected content header for class 60, got method frame on channel {channel_id}"
-                )),
-                60,
-                40,
-            );
+            // RabbitMQ's command assembler's words, for the two states.
+            let text = if channel.expects_content_body() {
+                "expected content body, got non content body frame instead"
+            } else {
+                "expected content header for class 60, got non content header frame instead"
+            };
+            return Flow::CloseWith(AmqpError::unexpected_frame(text), 60, 40);
         }
         let context = &self.context;
         let result = match method {

@@ -221,14 +221,20 @@ async fn frames_method_while_content_is_expected_is_unexpected_frame() {
     client.send_method(1, declare("q", false)).await;
     let close = client.expect_connection_close().await;
     assert_eq!(close.reply_code, 505, "{close:?}");
-    assert!(close.reply_text.as_str().starts_with("UNEXPECTED_FRAME - "));
+    assert_eq!(
+        close.reply_text.as_str(),
+        "UNEXPECTED_FRAME - expected content body, got non content body frame instead"
+    );
     // As RabbitMQ, the close names the publish that was cut short.
     assert_eq!((close.class_id, close.method_id), (60, 40));
     // Before the header.
     let mut client = open_channel_one(&server).await;
     client.send_publish(1, "", "q", false).await;
     client.send_method(1, declare("q", false)).await;
-    expect_connection_error(&mut client, 505).await;
+    assert_eq!(
+        expect_connection_error(&mut client, 505).await,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead"
+    );
     drop(client);
     server.stop().await;
 }

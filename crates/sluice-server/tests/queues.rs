@@ -377,6 +377,11 @@ async fn queues_delete_if_unused_if_empty_and_count() {
         )
     );
     let channel = connection.create_channel().await.unwrap();
+    // One message delivered and unacked, one still ready.
+    channel
+        .basic_qos(1, lapin::options::BasicQosOptions::default())
+        .await
+        .unwrap();
     let consumer = channel
         .basic_consume(
             "q".into(),
@@ -386,6 +391,29 @@ async fn queues_delete_if_unused_if_empty_and_count() {
         )
         .await
         .unwrap();
+    let queue = server.queue("q");
+    eventually("one message is delivered", || queue.message_count() == 1).await;
+    let other = connection.create_channel().await.unwrap();
+    // Both conditions fail: emptiness is checked first, as in RabbitMQ.
+    let error = amqp_error(
+        other
+            .queue_delete(
+                "q".into(),
+                QueueDeleteOptions {
+                    if_unused: true,
+                    if_empty: true,
+                    ..Default::default()
+                },
+            )
+            .await,
+    );
+    assert_eq!(
+        error,
+        (
+            406,
+            "PRECONDITION_FAILED - queue 'q' in vhost '/' not empty".to_owned()
+        )
+    );
     let other = connection.create_channel().await.unwrap();
     let error = amqp_error(
         other
