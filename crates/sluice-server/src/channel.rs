@@ -1080,8 +1080,8 @@ impl Channel {
         if consume.queue.as_str() == REPLY_TO_QUEUE {
             return self.consume_replies(context, consume);
         }
-        let name = self.queue_name(consume.queue.as_str())?;
-        let queue = context.vhost.queue(&name, context.connection_id)?;
+        // A reused tag is refused before the queue is looked up, as in
+        // RabbitMQ.
         let tag: Arc<str> = if consume.consumer_tag.as_str().is_empty() {
             loop {
                 let candidate = format!(
@@ -1101,6 +1101,8 @@ impl Channel {
                 "attempt to reuse consumer tag '{tag}'"
             )));
         }
+        let name = self.queue_name(consume.queue.as_str())?;
+        let queue = context.vhost.queue(&name, context.connection_id)?;
         check_consume_arguments(
             &consume.arguments,
             &format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),

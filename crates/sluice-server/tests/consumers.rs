@@ -210,10 +210,12 @@ async fn consumers_server_generated_tags_and_duplicate_tag_is_530() {
     );
     assert_ne!(first.tag(), second.tag());
     let _dup = consume(&channel, "q", "dup").await;
+    // The reuse is refused before the queue is looked up: a missing queue
+    // still gets 530, as in RabbitMQ.
     let error = amqp_error(
         consume_with(
             &channel,
-            "q",
+            "no-such-queue",
             "dup",
             Default::default(),
             FieldTable::default(),
