@@ -57,6 +57,7 @@ impl SegmentLog {
         }
         let mut ids: Vec<u64> = paths.iter().filter_map(|path| segment_id(path)).collect();
         ids.sort_unstable();
+        let newest = ids.last().copied();
         let mut segments = BTreeMap::new();
         // One buffer, grown to the largest segment, for every segment read.
         let mut buffer = Vec::new();
@@ -79,14 +80,30 @@ impl SegmentLog {
                 // The unused zeros of a preallocated segment: nothing was lost.
                 segment.truncate(valid_length)?;
             } else if let Some(reason) = &stopped_by {
-                tracing::warn!(
-                    segment = %segment.path.display(),
-                    kept_bytes = valid_length,
-                    dropped_bytes = segment.size - valid_length,
-                    %reason,
-                    "truncating a torn or corrupt segment tail"
-                );
-                segment.truncate(valid_length)?;
+                if Some(id) == newest {
+                    // Where appends continue: a crash mid-write tears this
+                    // tail, and what it held was never confirmed.
+                    tracing::warn!(
+                        segment = %segment.path.display(),
+                        kept_bytes = valid_length,
+                        dropped_bytes = segment.size - valid_length,
+                        %reason,
+                        "truncating a torn segment tail"
+                    );
+                    segment.truncate(valid_length)?;
+                } else {
+                    // An older segment is damaged, or was torn together with
+                    // a power loss mid-round. Nothing is appended to it again,
+                    // so its bytes are kept as they are for inspection: what
+                    // follows the damage is skipped, not destroyed.
+                    tracing::error!(
+                        segment = %segment.path.display(),
+                        valid_bytes = valid_length,
+                        skipped_bytes = segment.size - valid_length,
+                        %reason,
+                        "a journal segment is damaged: the records after the damage are skipped; the file is kept"
+                    );
+                }
             }
             segments.insert(id, segment);
         }
@@ -238,6 +255,33 @@ pub(crate) mod tests {
         assert_eq!(records.len(), 3);
         assert_eq!(&records[2].record.payload[..], b"fourth");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn log_recovery_keeps_a_damaged_older_segment_as_it_is() {
+        let dir = temp_dir("damaged-old");
+        let (mut log, _) = SegmentLog::recover_all(&dir).unwrap();
+        log.write(1, &record_bytes(1, b"before the damage"))
+            .unwrap();
+        log.write(1, &record_bytes(1, b"damaged")).unwrap();
+        log.write(1, &record_bytes(1, b"after the damage")).unwrap();
+        log.write(2, &record_bytes(1, b"newer")).unwrap();
+        drop(log);
+        let path = crate::segment::segment_path(&dir, 1);
+        let mut contents = std::fs::read(&path).unwrap();
+        let damaged_at = record_bytes(1, b"before the damage").len() + 12;
+        contents[damaged_at] ^= 0x01;
+        std::fs::write(&path, &contents).unwrap();
+
+        let (log, records) = SegmentLog::recover_all(&dir).unwrap();
+        let payloads: Vec<&[u8]> = records
+            .iter()
+            .map(|found| &found.record.payload[..])
+            .collect();
+        assert_eq!(payloads, vec![&b"before the damage"[..], &b"newer"[..]]);
+        // Skipped, not cut off: the bytes after the damage are still there.
+        assert_eq!(std::fs::read(&path).unwrap(), contents);
+        log.destroy().unwrap();
     }
 
     #[test]
