@@ -778,7 +778,10 @@ impl Queue {
                         durability = Some(ticket);
                     }
                     // The journal failed: the message cannot be made durable.
-                    None => return PublishOutcome::Rejected,
+                    None => {
+                        state.publishing = None;
+                        return PublishOutcome::Rejected;
+                    }
                 }
             }
         }
@@ -787,7 +790,13 @@ impl Queue {
             .page_out_location(&mut state, offset, &message, written_at)
             .map(|location| PagedMessage::new(offset, location, message.body_size(), false));
         match paged {
-            Some(paged) => state.push_paged(paged, expires_at_us),
+            Some(paged) => {
+                state.push_paged(paged, expires_at_us);
+                // A message bigger than the window pages even into an empty
+                // queue: an idle consumer would otherwise never be offered
+                // it, nor anything published behind it.
+                self.read_ahead_if_low(&mut state);
+            }
             None => {
                 state.resident_bytes.add(body_size);
                 state.ready.push_back(QueuedMessage {
@@ -803,9 +812,10 @@ impl Queue {
         if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
+        // Offered to the waiting consumers: from here its TTL applies. Left
+        // set, it would keep this message from ever expiring once requeued.
+        state.publishing = None;
         if state.deadlines {
-            // Offered to the waiting consumers: from here its TTL applies.
-            state.publishing = None;
             self.expire_head(&mut state);
             let head_deadline = state.head_deadline();
             self.schedule_timer(&mut state, head_deadline);
@@ -898,13 +908,25 @@ impl Queue {
 
     /// Asks the pager to read paged messages back once the in-memory window
     /// is half empty and consumers wait for them.
+    /// The window is the one [`Self::page_in`] fills (smaller while the
+    /// node is over its read-ahead budget), and the head must be one it
+    /// would read: asking for a read it refuses would keep the pager
+    /// thread spinning on this queue.
     fn read_ahead_if_low(self: &Arc<Self>, state: &mut QueueState) {
         let Some(storage) = self.storage.as_ref() else {
             return;
         };
-        let low = state.ready.len() < storage.settings.resident_messages_max / 2
-            && state.resident_bytes.get() < storage.settings.resident_bytes_max / 2;
-        if low && !state.consumers.is_empty() {
+        if state.consumers.is_empty() {
+            return;
+        }
+        let (window, bytes_max) = resident_window(storage, true);
+        let resident = state.resident_bytes.get();
+        let low = state.ready.len() < window / 2 && resident < bytes_max / 2;
+        let head_fits = state
+            .paged
+            .front()
+            .is_some_and(|head| resident == 0 || resident + head.body_size as u64 <= bytes_max);
+        if low && head_fits {
             self.request_pager(state);
         }
     }
@@ -1360,6 +1382,12 @@ impl Queue {
             // Every paged message is newer than a delivered one.
             state.ready.insert_by_offset(entry);
         }
+        // Requeued messages count against the limits again, as in
+        // RabbitMQ's `requeue_and_run`: the oldest go (dead-lettered where
+        // the queue says so) before anything is delivered.
+        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
+            self.drop_head_over_limits(&mut state);
+        }
         self.dispatch_locked(&mut state);
         self.unlock(state);
     }
@@ -1531,6 +1559,16 @@ impl Queue {
     /// the caller notifies with basic.cancel, and the number of ready
     /// messages dropped.
     pub fn mark_deleted(self: &Arc<Self>) -> (Vec<Arc<Consumer>>, u32) {
+        let (consumers, dropped, journal) = self.clear_for_deletion();
+        // Outside the queue's lock: destroying takes the log's signal lock,
+        // which the sync thread holds while its signal takes the queue's.
+        if let Some(journal) = journal {
+            journal.destroy();
+        }
+        (consumers, dropped)
+    }
+
+    fn clear_for_deletion(self: &Arc<Self>) -> (Vec<Arc<Consumer>>, u32, Option<QueueJournal>) {
         let mut state = self.lock();
         self.deleted.store(true, Ordering::Release);
         let dropped = state.ready_count() as u32;
@@ -1540,11 +1578,9 @@ impl Queue {
         state.dead_letters.clear();
         state.ready_bytes = 0;
         state.resident_bytes.clear();
-        if let Some(journal) = state.journal.take() {
-            journal.destroy();
-        }
+        let journal = state.journal.take();
         self.update_congestion(&mut state);
-        (std::mem::take(&mut state.consumers), dropped)
+        (std::mem::take(&mut state.consumers), dropped, journal)
     }
 }
 

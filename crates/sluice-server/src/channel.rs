@@ -1333,6 +1333,14 @@ impl Channel {
             self.restore_held_acks(transaction.operations);
         }
         let unacked = self.deliveries.close();
+        // Requeued before this channel's consumers go, while a
+        // single-active-consumer queue's active consumer is still this
+        // (closed) one and takes nothing: its successor, promoted below,
+        // then gets the old one's unacked messages before anything behind
+        // them, as RabbitMQ's `handle_ch_down` requeues before it runs the
+        // queue. Requeued after the promotion, a publish or the pager on
+        // another thread could deliver newer messages to it first.
+        requeue_by_queue(unacked);
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         let mut new_active: Vec<Arc<Queue>> = Vec::new();
         for tag in tags {
@@ -1340,11 +1348,6 @@ impl Channel {
                 new_active.push(queue);
             }
         }
-        // Requeued first, then dispatched: a single-active-consumer queue's
-        // new active consumer gets the old one's unacked messages before
-        // anything behind them, as RabbitMQ's `handle_ch_down` requeues
-        // before it runs the queue.
-        requeue_by_queue(unacked);
         for queue in new_active {
             queue.dispatch();
         }

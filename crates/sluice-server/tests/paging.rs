@@ -402,3 +402,33 @@ async fn paging_a_publisher_is_not_paused_while_consumers_drain_a_deep_queue() {
     draining.abort();
     server.stop().await;
 }
+
+/// A message bigger than the read-ahead window is paged even into an empty
+/// queue; an idle consumer with room still gets it, and what follows it.
+#[tokio::test]
+async fn paging_a_message_bigger_than_the_window_reaches_an_idle_consumer() {
+    let server = TestServer::start_with(|config| {
+        config.store.settings.resident_bytes_max = 64 * 1024;
+    })
+    .await;
+    let (_connection, channel) = open(&server).await;
+    declare(&channel, "big").await;
+    let mut consumer = channel
+        .basic_consume(
+            "big".into(),
+            "idle".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let big = vec![7u8; 100 * 1024];
+    publish(&channel, "", "big", &big).await;
+    publish(&channel, "", "big", b"small, behind it").await;
+    assert_eq!(next_delivery(&mut consumer).await.data, big);
+    assert_eq!(next_delivery(&mut consumer).await.data, b"small, behind it");
+    server.stop().await;
+}

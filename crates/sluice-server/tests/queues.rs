@@ -711,3 +711,56 @@ async fn queues_amqprs_declare_purge_delete() {
     connection.close().await.unwrap();
     server.stop().await;
 }
+
+/// Requeued messages count against `x-max-length` again: with drop-head,
+/// the oldest go at once, as RabbitMQ's `requeue_and_run` trims before it
+/// delivers.
+#[tokio::test]
+async fn queues_max_length_drop_head_applies_to_requeued_messages() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare_with(
+        &channel,
+        "bounded-requeue",
+        QueueDeclareOptions::default(),
+        table(&[("x-max-length", AMQPValue::LongInt(2))]),
+    )
+    .await
+    .unwrap();
+    let consumer_channel = connection.create_channel().await.unwrap();
+    consumer_channel
+        .basic_qos(2, lapin::options::BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consumer_channel
+        .basic_consume(
+            "bounded-requeue".into(),
+            "holder".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish(&channel, "", "bounded-requeue", b"1").await;
+    publish(&channel, "", "bounded-requeue", b"2").await;
+    next_delivery(&mut consumer).await;
+    next_delivery(&mut consumer).await;
+    publish(&channel, "", "bounded-requeue", b"3").await;
+    publish(&channel, "", "bounded-requeue", b"4").await;
+    let queue = server.queue("bounded-requeue");
+    eventually("3 and 4 are ready", || queue.message_count() == 2).await;
+    // 1 and 2 come back to the head: four ready, over the limit of two.
+    consumer_channel.close(200, "bye".into()).await.unwrap();
+    eventually("requeued", || queue.consumer_count() == 0).await;
+    assert_eq!(queue.message_count(), 2);
+    assert_eq!(
+        get_body(&channel, "bounded-requeue", true).await,
+        Some(b"3".to_vec())
+    );
+    assert_eq!(
+        get_body(&channel, "bounded-requeue", true).await,
+        Some(b"4".to_vec())
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

@@ -249,3 +249,45 @@ async fn ttl_requeued_message_keeps_its_original_expiry() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// A message with its own expiration, delivered at once and held past it,
+/// then requeued, is expired rather than delivered again, on a queue with
+/// no TTL of its own.
+#[tokio::test]
+async fn ttl_own_expiration_applies_to_a_message_requeued_after_it() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "own").await;
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            "own".into(),
+            "holder".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish_with(&channel, "", "own", b"short-lived", expiring_in("100")).await;
+    let delivery = next_delivery(&mut consumer).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    delivery
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let queue = server.queue("own");
+    eventually("the requeued message expires", || {
+        queue.message_count() == 0
+    })
+    .await;
+    assert_no_delivery(&mut consumer).await;
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

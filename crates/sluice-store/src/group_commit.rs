@@ -71,7 +71,7 @@ pub struct LogBuffer {
     readers: Mutex<BTreeMap<u64, Arc<File>>>,
     /// Called by the sync thread after a round wrote this log, when a writer
     /// asked for it with [`LogBuffer::request_written_signal`].
-    written_signal: Mutex<Option<WrittenSignal>>,
+    written_signal: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Segments are zero-filled ahead of use.
     preallocates: bool,
     /// A helper thread is zero-filling; at most one per log at a time.
@@ -384,7 +384,7 @@ impl LogBuffer {
 
     /// Sets what the sync thread calls after writing this log, once asked.
     pub fn set_written_signal(&self, signal: WrittenSignal) {
-        *lock(&self.written_signal) = Some(signal);
+        *lock(&self.written_signal) = Some(Arc::from(signal));
     }
 
     /// Asks for the written signal after the next round that writes this log.
@@ -394,7 +394,10 @@ impl LogBuffer {
 
     fn signal_written(&self) {
         if self.written_signal_requested.swap(false, Ordering::AcqRel) {
-            if let Some(signal) = lock(&self.written_signal).as_ref() {
+            // Called without the lock held: the signal takes its queue's
+            // lock, under which the queue may be replacing or dropping it.
+            let signal = lock(&self.written_signal).clone();
+            if let Some(signal) = signal {
                 signal();
             }
         }
