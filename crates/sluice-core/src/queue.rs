@@ -908,6 +908,7 @@ impl Queue {
 
     /// Asks the pager to read paged messages back once the in-memory window
     /// is half empty and consumers wait for them.
+    ///
     /// The window is the one [`Self::page_in`] fills (smaller while the
     /// node is over its read-ahead budget), and the head must be one it
     /// would read: asking for a read it refuses would keep the pager
@@ -1560,8 +1561,9 @@ impl Queue {
     /// messages dropped.
     pub fn mark_deleted(self: &Arc<Self>) -> (Vec<Arc<Consumer>>, u32) {
         let (consumers, dropped, journal) = self.clear_for_deletion();
-        // Outside the queue's lock: destroying takes the log's signal lock,
-        // which the sync thread holds while its signal takes the queue's.
+        // Outside the queue's lock: destroying takes the log's locks, which
+        // the sync thread may hold while it signals this queue, and removes
+        // the journal's directory, which can be slow.
         if let Some(journal) = journal {
             journal.destroy();
         }
