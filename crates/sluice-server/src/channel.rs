@@ -642,38 +642,36 @@ impl Channel {
     /// queues deliver into the prefetch room freed. Leaves `settled` empty
     /// or to be cleared.
     fn finish_settle(&mut self, settled: &mut Vec<Unacked>, requeue: Option<bool>) {
-        {
-            let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
-            if requeue == Some(true) {
-                for entry in settled.iter() {
-                    if !dispatched
-                        .iter()
-                        .any(|queue| Arc::ptr_eq(queue, &entry.queue))
-                    {
-                        dispatched.push(Arc::clone(&entry.queue));
-                    }
-                }
-                requeue_by_queue(settled.drain(..));
-            } else {
-                // nack and reject without requeue dead-letter where the
-                // queue has a dead-letter exchange.
-                let rejected = requeue == Some(false);
-                settle_by_queue(settled, rejected, &mut dispatched);
-            }
-            // Settling and requeueing dispatch on their own queues; the
-            // other queues of this channel's consumers may deliver now too,
-            // since channel-wide prefetch room was freed.
-            for entry in self.consumers.values() {
+        let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
+        if requeue == Some(true) {
+            for entry in settled.iter() {
                 if !dispatched
                     .iter()
                     .any(|queue| Arc::ptr_eq(queue, &entry.queue))
                 {
-                    entry.queue.dispatch();
+                    dispatched.push(Arc::clone(&entry.queue));
                 }
             }
-            dispatched.clear();
-            self.dispatched_scratch = dispatched;
+            requeue_by_queue(settled.drain(..));
+        } else {
+            // nack and reject without requeue dead-letter where the
+            // queue has a dead-letter exchange.
+            let rejected = requeue == Some(false);
+            settle_by_queue(settled, rejected, &mut dispatched);
         }
+        // Settling and requeueing dispatch on their own queues; the
+        // other queues of this channel's consumers may deliver now too,
+        // since channel-wide prefetch room was freed.
+        for entry in self.consumers.values() {
+            if !dispatched
+                .iter()
+                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+            {
+                entry.queue.dispatch();
+            }
+        }
+        dispatched.clear();
+        self.dispatched_scratch = dispatched;
     }
 
     /// Prefetch room was freed: let this channel's queues deliver again.

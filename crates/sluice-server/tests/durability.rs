@@ -19,18 +19,28 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
-async fn restart(server: TestServer, data_dir: &std::path::Path) -> TestServer {
-    server.stop().await;
+/// An empty data directory of the test's own, named after it.
+fn fresh_data_dir(name: &str) -> std::path::PathBuf {
+    let data_dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    data_dir
+}
+
+/// A server on `data_dir`, recovering whatever is there.
+async fn start_on(data_dir: &std::path::Path) -> TestServer {
     let data_dir = data_dir.to_path_buf();
     TestServer::start_with(move |config| config.data_dir = data_dir).await
 }
 
+async fn restart(server: TestServer, data_dir: &std::path::Path) -> TestServer {
+    server.stop().await;
+    start_on(data_dir).await
+}
+
 #[tokio::test]
 async fn durability_persistent_messages_survive_a_restart_and_acked_ones_do_not() {
-    let data_dir = std::env::temp_dir().join(format!("sluice-durability-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let dir = data_dir.clone();
-    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let data_dir = fresh_data_dir("durability");
+    let server = start_on(&data_dir).await;
     let (connection, channel) = open(&server).await;
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -188,8 +198,7 @@ async fn publish_persistent(channel: &lapin::Channel, queue: &str) -> lapin::Pub
 /// on the channel are not held up.
 #[tokio::test]
 async fn durability_publish_into_a_queue_deleted_before_the_sync_is_confirmed() {
-    let data_dir = std::env::temp_dir().join(format!("sluice-deleted-sync-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = fresh_data_dir("deleted-sync");
     let dir = data_dir.clone();
     let server = TestServer::start_with(move |config| {
         config.data_dir = dir;
@@ -233,11 +242,8 @@ async fn durability_publish_into_a_queue_deleted_before_the_sync_is_confirmed() 
 
 #[tokio::test]
 async fn durability_deleted_queue_does_not_come_back() {
-    let data_dir =
-        std::env::temp_dir().join(format!("sluice-durability-delete-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let dir = data_dir.clone();
-    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let data_dir = fresh_data_dir("durability-delete");
+    let server = start_on(&data_dir).await;
     let (connection, channel) = open(&server).await;
     channel
         .queue_declare("doomed".into(), durable(), FieldTable::default())
@@ -292,10 +298,8 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
     /// Longer than reopening takes, so that a TTL restarted at recovery
     /// would still hold the messages when they are looked for.
     const TTL_MS: i32 = 1000;
-    let data_dir = std::env::temp_dir().join(format!("sluice-durable-ttl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let dir = data_dir.clone();
-    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let data_dir = fresh_data_dir("durable-ttl");
+    let server = start_on(&data_dir).await;
     let (connection, channel) = open(&server).await;
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -426,8 +430,7 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
     server.stop().await;
     // Down for longer than the TTLs.
     tokio::time::sleep(std::time::Duration::from_millis(TTL_MS as u64 + 200)).await;
-    let dir = data_dir.clone();
-    let server = TestServer::start_with(move |config| config.data_dir = dir).await;
+    let server = start_on(&data_dir).await;
     let (connection, channel) = open(&server).await;
     let mut bodies = Vec::new();
     while let Some(body) = get_body(&channel, "own-expiration", true).await {
