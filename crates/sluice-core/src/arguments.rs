@@ -9,6 +9,7 @@
 use amq_protocol::types::{AMQPValue, FieldTable};
 
 use crate::error::{AmqpError, AmqpResult};
+use crate::queue_type::QueueType;
 
 /// The longest TTL or expiry RabbitMQ accepts, in milliseconds: the limit
 /// of Erlang's timers, which RabbitMQ checks even where it does not use one.
@@ -16,12 +17,6 @@ pub const EXPIRY_MS_MAX: u64 = 4_294_967_295;
 
 /// The highest `x-max-priority` RabbitMQ accepts (`?MAX_SUPPORTED_PRIORITY`).
 pub const MAX_PRIORITY_MAX: i64 = 255;
-
-/// The queue types a declaration may name, supported or not.
-const KNOWN_QUEUE_TYPES: &[&str] = &["classic", "quorum", "stream"];
-
-/// Queue types this node can create. Quorum queues come with clustering.
-pub const SUPPORTED_QUEUE_TYPES: &[&str] = &["classic"];
 
 const OVERFLOW_MODES: &[&str] = &["drop-head", "reject-publish", "reject-publish-dlx"];
 const QUEUE_MODES: &[&str] = &["default", "lazy"];
@@ -199,7 +194,7 @@ impl std::fmt::Display for ArgumentError {
             ArgumentError::QueueTypeNotSupportedHere(kind) => write!(
                 formatter,
                 "queue type '{kind}' is not supported by this node (supported: {})",
-                SUPPORTED_QUEUE_TYPES.join(", ")
+                QueueType::supported_names().join(", ")
             ),
         }
     }
@@ -384,12 +379,10 @@ fn check_queue_mode(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentErr
 
 fn check_queue_type(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentError> {
     let text = as_text(value).ok_or(ArgumentError::UnacceptableType(type_name(value)))?;
-    if SUPPORTED_QUEUE_TYPES.contains(&text.as_str()) {
-        Ok(())
-    } else if KNOWN_QUEUE_TYPES.contains(&text.as_str()) {
-        Err(ArgumentError::QueueTypeNotSupportedHere(text))
-    } else {
-        Err(ArgumentError::UnsupportedQueueType(text))
+    match QueueType::parse(&text) {
+        Some(kind) if kind.is_supported() => Ok(()),
+        Some(_) => Err(ArgumentError::QueueTypeNotSupportedHere(text)),
+        None => Err(ArgumentError::UnsupportedQueueType(text)),
     }
 }
 

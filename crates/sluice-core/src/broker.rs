@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::consumer::ConnectionId;
 use crate::definitions::{DefinitionStore, Definitions};
 use crate::policy::{Policy, VhostPolicies};
+use crate::queue::ConnectionId;
 use crate::reply_to::ReplyRegistry;
 use crate::vhost::VirtualHost;
 

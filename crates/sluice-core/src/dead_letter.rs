@@ -5,7 +5,7 @@
 //! (`detect_cycles/3`).
 //!
 //! A queue collects what it dead-letters under its lock and hands it to
-//! [`crate::vhost::VirtualHost::dead_letter`] after releasing it: routing
+//! the vhost (its `QueueHost::dead_letter`) after releasing it: routing
 //! publishes into other queues, possibly the same one.
 //!
 //! Field tables are encoded with their keys sorted (amq-protocol keeps them

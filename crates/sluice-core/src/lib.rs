@@ -4,7 +4,11 @@
 //! - [`broker`]: the node's vhosts and users, and authentication.
 //! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
-//! - [`queue`]: a classic queue, dispatching to consumers inline.
+//! - [`queue`]: the queue interface every kind implements, consumers and
+//!   the sink they receive through.
+//! - [`queue_type`]: the kinds `x-queue-type` names.
+//! - [`queue_factory`]: the queue of the kind a declaration asks for.
+//! - [`classic_queue`]: a classic queue, dispatching to consumers inline.
 //! - [`ready`]: a queue's ready messages in memory, by priority in a priority queue.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
 //! - [`queue_journal`]: a queue's persistent and paged messages and acks on disk.
@@ -16,7 +20,6 @@
 //! - [`expiry`]: message TTL and queue expiry settings, and their clock.
 //! - [`queue_timer`]: the thread that wakes queues at their deadlines.
 //! - [`dead_letter`]: dead-lettered copies, their x-death history, cycles.
-//! - [`consumer`]: a subscription and the sink a queue delivers into.
 //! - [`message`]: a published message as queues hold it.
 //! - [`arguments`]: declaration arguments: validation, equivalence, printing.
 //! - [`policy`]: policies by name pattern, and the effective arguments they give.
@@ -25,7 +28,7 @@
 
 pub mod arguments;
 pub mod broker;
-pub mod consumer;
+pub mod classic_queue;
 pub mod dead_letter;
 pub mod definitions;
 pub mod definitions_import;
@@ -37,9 +40,11 @@ pub mod pager;
 pub mod paging;
 pub mod policy;
 pub mod queue;
+pub mod queue_factory;
 pub mod queue_journal;
 pub mod queue_limits;
 pub mod queue_timer;
+pub mod queue_type;
 pub mod ready;
 pub mod reply_to;
 pub mod segment_liveness;

@@ -22,3 +22,19 @@ impl Message {
         self.body.len()
     }
 }
+
+/// A message in a queue, or out with a consumer. `offset` orders messages
+/// within their queue, and is the id a channel settles it by: requeued
+/// messages go back to where they were.
+#[derive(Clone, Debug)]
+pub struct QueuedMessage {
+    pub offset: u64,
+    pub message: std::sync::Arc<Message>,
+    pub redelivered: bool,
+    /// The journal segment holding this message, when it is persisted.
+    pub segment: Option<u64>,
+    /// When it expires (`expiry::now_us`'s clock), `expiry::NEVER` for
+    /// most messages. Stays with the message while it is out with a
+    /// consumer, so a requeued message keeps its original expiry.
+    pub expires_at_us: u64,
+}

@@ -17,7 +17,6 @@ use std::thread::JoinHandle;
 use sluice_store::GroupCommit;
 
 use crate::paging::{NodeResident, StoreSettings};
-use crate::queue::Queue;
 
 /// What queues need from the node to page and journal messages.
 pub struct QueueStorage {
@@ -31,10 +30,20 @@ pub struct QueueStorage {
     pub resident: Arc<NodeResident>,
 }
 
+/// A queue's work for the pager: implemented by the queue kinds that page.
+pub trait PagerWork: Send + Sync {
+    /// Reads paged messages back and compacts, off the queue's lock
+    /// except to copy out and hand over.
+    fn run_pager_work(&self);
+
+    /// The queue's name, for the log.
+    fn name(&self) -> &str;
+}
+
 pub struct Pager {
     /// Queues with work waiting, each at most once (the queue keeps a flag),
     /// so this holds at most as many entries as the node has queues.
-    work: Mutex<VecDeque<Arc<Queue>>>,
+    work: Mutex<VecDeque<Arc<dyn PagerWork>>>,
     wake: Condvar,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -65,7 +74,7 @@ impl Pager {
 
     /// Asks for `queue`'s paging work to be done. The queue calls this at
     /// most once until the pager has looked at it.
-    pub fn request(&self, queue: Arc<Queue>) {
+    pub fn request(&self, queue: Arc<dyn PagerWork>) {
         lock(&self.work).push_back(queue);
         self.wake.notify_one();
     }

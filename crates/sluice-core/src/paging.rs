@@ -1,6 +1,6 @@
 //! Paging: every queue keeps at most a window of ready messages in memory
 //! (its head); the rest wait on disk in the queue's journal as 24-byte
-//! references, as RabbitMQ's lazy queues do. The [`crate::pager::Pager`]
+//! references, as RabbitMQ's lazy queues do. The pager (`crate::pager`)
 //! reads the window full again as consumers drain it.
 //!
 //! A shallow queue (consumers keeping up) never reaches the window and never

@@ -15,12 +15,22 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Condvar, Mutex, MutexGuard, Once, Weak};
 
 use crate::expiry::{instant_of, now_us};
-use crate::queue::Queue;
+
+/// A queue's timed work: implemented by the queue kinds with TTL or
+/// `x-expires`.
+pub trait TimedWork: Send + Sync {
+    /// Expires what is due at the head, and the queue itself when it went
+    /// unused for its `x-expires`; `at_us` is the wake-up's time.
+    fn run_timer(&self, at_us: u64);
+
+    /// The queue's name, for the log.
+    fn name(&self) -> &str;
+}
 
 /// A wake-up for one queue at `at_us` on the deadline clock.
 struct WakeUp {
     at_us: u64,
-    queue: Weak<Queue>,
+    queue: Weak<dyn TimedWork>,
 }
 
 impl PartialEq for WakeUp {
@@ -67,7 +77,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl QueueTimer {
     /// Asks for `queue` to be woken at `at_us` (see [`crate::expiry`]).
-    pub fn schedule(queue: Weak<Queue>, at_us: u64) {
+    pub fn schedule(queue: Weak<dyn TimedWork>, at_us: u64) {
         TIMER.started.call_once(|| {
             std::thread::Builder::new()
                 .name("sluice-queue-timer".into())
@@ -110,7 +120,7 @@ impl QueueTimer {
                             queue.run_timer(due.at_us)
                         }));
                         if outcome.is_err() {
-                            tracing::error!(queue = %queue.name, "a queue's timed work panicked; the timer carries on");
+                            tracing::error!(queue = %queue.name(), "a queue's timed work panicked; the timer carries on");
                         }
                     }
                     wake_ups = lock(&self.wake_ups);

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::queue::QueuedMessage;
+use crate::message::QueuedMessage;
 
 /// Ready messages in delivery order. Every operation is one `match` on the
 /// kind: a queue without `x-max-priority` pays that branch and nothing

@@ -11,21 +11,17 @@ use crate::arguments::{
     check_equivalence, check_exchange_name_argument, check_queue_arguments, inequivalent_flag,
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
-use crate::consumer::{ConnectionId, Consumer};
 use crate::dead_letter::{dead_lettered, is_cycle, DeadLetter, DeadLetterTarget, DeathReason};
 use crate::definitions::{
-    new_store_id, BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition,
-    VhostDefinitions,
+    BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition, VhostDefinitions,
 };
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
-use crate::expiry::QueueExpiry;
 use crate::policy::{
     effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
 };
-use crate::queue::{Queue, QueueOptions};
-use crate::queue_journal::QueueJournal;
-use crate::queue_limits::QueueLimits;
+use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOptions};
+use crate::queue_factory::{create_queue, QueueSpec};
 use sluice_wire::reply_code::ReplyCode;
 
 /// Exchange-to-exchange bindings may form cycles; the routing walk visits each
@@ -37,8 +33,6 @@ pub const ROUTING_EXCHANGE_HOPS_MAX: usize = 64;
 /// queue and kind, as RabbitMQ logs a cycle once; this bounds how many the
 /// vhost remembers, after which new ones are no longer logged.
 const DEAD_LETTER_WARNINGS_MAX: usize = 1024;
-
-pub use crate::arguments::SUPPORTED_QUEUE_TYPES;
 
 pub struct Exchange {
     pub name: Arc<str>,
@@ -113,12 +107,12 @@ pub struct VirtualHost {
     /// Fixed at start: loaded from the definitions file.
     policies: VhostPolicies,
     exchanges: RwLock<HashMap<Arc<str>, Arc<Exchange>>>,
-    queues: RwLock<HashMap<Arc<str>, Arc<Queue>>>,
+    queues: RwLock<HashMap<Arc<str>, Arc<dyn Queue>>>,
     /// Where durable definitions and queue journals go; None keeps
     /// everything in memory.
     store: Option<Arc<DefinitionStore>>,
-    /// This vhost, handed to its queues so that they can dead-letter and
-    /// expire.
+    /// This vhost, handed to its queues as their [`QueueHost`]: it routes
+    /// what they dead-letter and deletes them when they expire.
     this: Weak<VirtualHost>,
     /// Dead-letter warnings already logged, by queue and kind.
     dead_letter_warnings: Mutex<HashSet<String>>,
@@ -429,7 +423,7 @@ impl VirtualHost {
         &self,
         declaration: QueueDeclaration<'_>,
         connection_id: ConnectionId,
-    ) -> AmqpResult<(Arc<Queue>, bool)> {
+    ) -> AmqpResult<(Arc<dyn Queue>, bool)> {
         if declaration.passive {
             let queue = self.queue(declaration.name, connection_id)?;
             queue.touch();
@@ -452,26 +446,27 @@ impl VirtualHost {
                     return Err(existing_exclusive_mismatch(existing));
                 }
                 let durable = declaration.durable && !declaration.exclusive;
-                if existing.options.durable != durable {
+                let existing_options = existing.options();
+                if existing_options.durable != durable {
                     return Err(inequivalent_flag(
                         "durable",
                         &what,
                         durable,
-                        existing.options.durable,
+                        existing_options.durable,
                     ));
                 }
-                if existing.options.auto_delete != declaration.auto_delete {
+                if existing_options.auto_delete != declaration.auto_delete {
                     return Err(inequivalent_flag(
                         "auto_delete",
                         &what,
                         declaration.auto_delete,
-                        existing.options.auto_delete,
+                        existing_options.auto_delete,
                     ));
                 }
                 check_equivalence(
                     QUEUE_EQUIVALENCE_KEYS,
                     &declaration.arguments,
-                    &existing.options.arguments,
+                    &existing_options.arguments,
                     &what,
                 )?;
                 existing.touch();
@@ -494,7 +489,6 @@ impl VirtualHost {
         check_exchange_name_argument(&declaration.arguments, "x-dead-letter-exchange", &what)?;
         check_queue_arguments(&declaration.arguments, &what)?;
         let effective = self.effective_queue_arguments(&name, &declaration.arguments);
-        let limits = QueueLimits::from_arguments(&effective);
         let options = QueueOptions {
             // An exclusive queue dies with its connection, so it is never
             // durable, whatever was asked: RabbitMQ stores it as transient.
@@ -503,43 +497,17 @@ impl VirtualHost {
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments,
         };
-        let journaled = match &self.store {
-            Some(store) if options.durable => Some(store),
-            _ => None,
-        };
-        let mut queue = match journaled {
-            Some(store) => {
-                let store_id = new_store_id();
-                let recovered = QueueJournal::recover(
-                    &store.queue_dir(&store_id),
-                    Arc::clone(&store.group),
-                    &store.storage.settings,
+        let queue = create_queue(self.queue_spec(Arc::clone(&name), options, &effective, None))
+            .map_err(|error| {
+                AmqpError::new(
+                    ReplyCode::InternalError,
+                    format!("cannot create {what}: {error}"),
                 )
-                .map_err(|error| {
-                    AmqpError::new(
-                        ReplyCode::InternalError,
-                        format!("cannot create the journal of {what}: {error}"),
-                    )
-                })?;
-                let mut queue = Queue::with_journal(
-                    Arc::clone(&name),
-                    Arc::clone(&self.name),
-                    options,
-                    limits,
-                    recovered,
-                );
-                queue.store_id = Some(store_id);
-                queue
-            }
-            None => Queue::new(Arc::clone(&name), Arc::clone(&self.name), options, limits),
-        };
-        queue.attach_storage(self.store.as_ref().map(|store| Arc::clone(&store.storage)));
-        self.attach_queue(&mut queue, &effective);
-        let queue = Arc::new(queue);
+            })?;
         queue.start_timers();
         queues.insert(name, Arc::clone(&queue));
         drop(queues);
-        if queue.store_id.is_some() {
+        if queue.store_id().is_some() {
             self.persist();
         }
         Ok((queue, true))
@@ -547,7 +515,7 @@ impl VirtualHost {
 
     /// Looks a queue up for use by `connection_id`: 404 when missing, 405
     /// when another connection's exclusive queue.
-    pub fn queue(&self, name: &str, connection_id: ConnectionId) -> AmqpResult<Arc<Queue>> {
+    pub fn queue(&self, name: &str, connection_id: ConnectionId) -> AmqpResult<Arc<dyn Queue>> {
         let queue = read(&self.queues)
             .get(name)
             .cloned()
@@ -556,7 +524,7 @@ impl VirtualHost {
         Ok(queue)
     }
 
-    pub fn queues(&self) -> Vec<Arc<Queue>> {
+    pub fn queues(&self) -> Vec<Arc<dyn Queue>> {
         read(&self.queues).values().cloned().collect()
     }
 
@@ -594,25 +562,25 @@ impl VirtualHost {
 
     /// Removes a queue and its bindings unconditionally (auto-delete,
     /// exclusive owner gone, queue.delete).
-    pub fn remove_queue(&self, queue: &Arc<Queue>) -> (u32, Vec<Arc<Consumer>>) {
+    pub fn remove_queue(&self, queue: &Arc<dyn Queue>) -> (u32, Vec<Arc<Consumer>>) {
         {
             let mut queues = write(&self.queues);
-            match queues.get(&queue.name) {
-                Some(current) if Arc::ptr_eq(current, queue) => {
-                    queues.remove(&queue.name);
+            match queues.get(queue.name()) {
+                Some(current) if same_queue(current, queue) => {
+                    queues.remove(queue.name());
                 }
                 _ => return (0, Vec::new()),
             }
         }
-        let (consumers, dropped) = queue.mark_deleted();
+        let (consumers, dropped) = queue.delete();
         let mut exchanges = write(&self.exchanges);
         let emptied = Self::remove_destination_locked(
             &exchanges,
-            &Destination::Queue(Arc::clone(&queue.name)),
+            &Destination::Queue(Arc::clone(queue.name())),
         );
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
         drop(exchanges);
-        if queue.store_id.is_some() {
+        if queue.store_id().is_some() {
             self.persist();
         }
         (dropped, consumers)
@@ -621,9 +589,9 @@ impl VirtualHost {
     /// Deletes the exclusive queues of a connection that closed; returns
     /// their consumers (of that same connection) for bookkeeping.
     pub fn remove_exclusive_queues(&self, connection_id: ConnectionId) {
-        let owned: Vec<Arc<Queue>> = read(&self.queues)
+        let owned: Vec<Arc<dyn Queue>> = read(&self.queues)
             .values()
-            .filter(|queue| queue.options.exclusive_owner == Some(connection_id))
+            .filter(|queue| queue.options().exclusive_owner == Some(connection_id))
             .cloned()
             .collect();
         for queue in owned {
@@ -631,27 +599,24 @@ impl VirtualHost {
         }
     }
 
-    /// Gives a new queue what its effective arguments ask of time and
-    /// dead-lettering, and the way back to this vhost.
-    fn attach_queue(&self, queue: &mut Queue, effective: &FieldTable) {
-        queue.expiry = QueueExpiry::from_arguments(effective);
-        queue.dead_letter = DeadLetterTarget::from_arguments(effective);
-        queue.virtual_host = self.this.clone();
-    }
-
-    /// Deletes a queue that went unused for its `x-expires`, as queue.delete
-    /// would: bindings removed, durable definitions saved, any consumer
-    /// that came meanwhile told with basic.cancel. Its messages are not
-    /// dead-lettered, as in RabbitMQ.
-    pub fn expire_queue(&self, queue: &Arc<Queue>) {
-        if !queue.is_unused_for_expiry() {
-            return;
+    /// What the queue factory needs to make the queue `name` of this vhost.
+    fn queue_spec<'a>(
+        &'a self,
+        name: Arc<str>,
+        options: QueueOptions,
+        effective_arguments: &'a FieldTable,
+        store_id: Option<String>,
+    ) -> QueueSpec<'a> {
+        let host: Weak<dyn QueueHost> = self.this.clone();
+        QueueSpec {
+            name,
+            vhost: Arc::clone(&self.name),
+            options,
+            effective_arguments,
+            host,
+            store: self.store.as_deref(),
+            store_id,
         }
-        let (dropped, consumers) = self.remove_queue(queue);
-        for consumer in consumers {
-            consumer.sink.cancelled_by_queue(&consumer);
-        }
-        tracing::info!(queue = %queue.name, vhost = %self.name, dropped, "deleted a queue unused for its x-expires");
     }
 
     /// Logs a dead-letter problem once per `key`.
@@ -673,7 +638,7 @@ impl VirtualHost {
     /// Persistent copies entering durable queues are journaled as any
     /// publish; nothing confirms them (at most once, as RabbitMQ's
     /// classic queues).
-    pub fn dead_letter(
+    fn route_dead_letters(
         &self,
         queue: &str,
         target: &DeadLetterTarget,
@@ -692,7 +657,7 @@ impl VirtualHost {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
         let mut scratch = RouteScratch::default();
-        let mut destinations: Vec<Arc<Queue>> = Vec::new();
+        let mut destinations: Vec<Arc<dyn Queue>> = Vec::new();
         for dead in dead_letters {
             let copy = dead_lettered(&dead.message, dead.reason, queue, target, time_s);
             let headers = (exchange.kind == ExchangeKind::Headers).then_some(&copy.headers);
@@ -701,10 +666,10 @@ impl VirtualHost {
             let message = Arc::new(copy.message);
             for destination in destinations.drain(..) {
                 if dead.reason != DeathReason::Rejected
-                    && is_cycle(&destination.name, &copy.headers)
+                    && is_cycle(destination.name(), &copy.headers)
                 {
-                    self.warn_dead_letter_once(format!("cycle {queue} {}", destination.name), || {
-                        tracing::warn!(queue, vhost = %self.name, into = %destination.name, "message dropped: dead-letter queues cycle detected; this cycle will not be reported again");
+                    self.warn_dead_letter_once(format!("cycle {queue} {}", destination.name()), || {
+                        tracing::warn!(queue, vhost = %self.name, into = %destination.name(), "message dropped: dead-letter queues cycle detected; this cycle will not be reported again");
                     });
                     continue;
                 }
@@ -788,7 +753,7 @@ impl VirtualHost {
     ) -> AmqpResult<Destination> {
         match destination {
             Destination::Queue(name) => Ok(Destination::Queue(Arc::clone(
-                &self.queue(&name, connection_id)?.name,
+                self.queue(&name, connection_id)?.name(),
             ))),
             Destination::Exchange(name) => Ok(Destination::Exchange(Arc::clone(
                 &self.exchange(&name)?.name,
@@ -817,7 +782,7 @@ impl VirtualHost {
         routing_key: &[u8],
         headers: Option<&FieldTable>,
         scratch: &mut RouteScratch,
-        out: &mut Vec<Arc<Queue>>,
+        out: &mut Vec<Arc<dyn Queue>>,
     ) {
         self.route_keys(exchange, &[routing_key], headers, scratch, out);
     }
@@ -833,7 +798,7 @@ impl VirtualHost {
         routing_keys: &[&[u8]],
         headers: Option<&FieldTable>,
         scratch: &mut RouteScratch,
-        out: &mut Vec<Arc<Queue>>,
+        out: &mut Vec<Arc<dyn Queue>>,
     ) {
         out.clear();
         if exchange.is_default() {
@@ -843,7 +808,7 @@ impl VirtualHost {
                     continue;
                 };
                 if let Some(queue) = queues.get(name) {
-                    if !out.iter().any(|seen| Arc::ptr_eq(seen, queue)) {
+                    if !out.iter().any(|seen| same_queue(seen, queue)) {
                         out.push(Arc::clone(queue));
                     }
                 }
@@ -877,7 +842,7 @@ impl VirtualHost {
         for destination in &scratch.destinations {
             if let Destination::Queue(name) = destination {
                 if let Some(queue) = queues.get(name) {
-                    if !out.iter().any(|seen| Arc::ptr_eq(seen, queue)) {
+                    if !out.iter().any(|seen| same_queue(seen, queue)) {
                         out.push(Arc::clone(queue));
                     }
                 }
@@ -945,12 +910,12 @@ impl VirtualHost {
             }
         }
         for queue in queues.values() {
-            if let Some(store_id) = &queue.store_id {
+            if let Some(store_id) = queue.store_id() {
                 definitions.queues.push(QueueDefinition {
-                    name: queue.name.to_string(),
-                    store_id: store_id.clone(),
-                    auto_delete: queue.options.auto_delete,
-                    arguments: queue.options.arguments.clone(),
+                    name: queue.name().to_string(),
+                    store_id: store_id.to_owned(),
+                    auto_delete: queue.options().auto_delete,
+                    arguments: queue.options().arguments.clone(),
                 });
             }
         }
@@ -961,7 +926,7 @@ impl VirtualHost {
                         "queue",
                         queues
                             .get(name)
-                            .is_some_and(|queue| queue.store_id.is_some()),
+                            .is_some_and(|queue| queue.store_id().is_some()),
                     ),
                     Destination::Exchange(name) => (
                         "exchange",
@@ -1002,9 +967,9 @@ impl VirtualHost {
     /// saved by an earlier run. A queue whose journal cannot be read is
     /// skipped with an error in the log rather than stopping the node.
     pub fn recover(&self, definitions: &VhostDefinitions) {
-        let Some(store) = &self.store else {
+        if self.store.is_none() {
             return;
-        };
+        }
         {
             let mut exchanges = write(&self.exchanges);
             for definition in &definitions.exchanges {
@@ -1029,19 +994,6 @@ impl VirtualHost {
             for definition in &definitions.queues {
                 let effective =
                     self.effective_queue_arguments(&definition.name, &definition.arguments);
-                let limits = QueueLimits::from_arguments(&effective);
-                let recovered = match QueueJournal::recover(
-                    &store.queue_dir(&definition.store_id),
-                    Arc::clone(&store.group),
-                    &store.storage.settings,
-                ) {
-                    Ok(recovered) => recovered,
-                    Err(error) => {
-                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
-                        continue;
-                    }
-                };
-                tracing::info!(queue = %definition.name, vhost = %self.name, messages = recovered.messages.len(), "recovered queue");
                 let options = QueueOptions {
                     durable: true,
                     exclusive_owner: None,
@@ -1049,17 +1001,20 @@ impl VirtualHost {
                     arguments: definition.arguments.clone(),
                 };
                 let name: Arc<str> = Arc::from(definition.name.as_str());
-                let mut queue = Queue::with_journal(
+                let spec = self.queue_spec(
                     Arc::clone(&name),
-                    Arc::clone(&self.name),
                     options,
-                    limits,
-                    recovered,
+                    &effective,
+                    Some(definition.store_id.clone()),
                 );
-                queue.store_id = Some(definition.store_id.clone());
-                queue.attach_storage(Some(Arc::clone(&store.storage)));
-                self.attach_queue(&mut queue, &effective);
-                let queue = Arc::new(queue);
+                let queue = match create_queue(spec) {
+                    Ok(queue) => queue,
+                    Err(error) => {
+                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
+                        continue;
+                    }
+                };
+                tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
                 recovered_queues.push(Arc::clone(&queue));
                 queues.insert(name, queue);
             }
@@ -1088,6 +1043,27 @@ impl VirtualHost {
     }
 }
 
+impl QueueHost for VirtualHost {
+    fn dead_letter(&self, queue: &str, target: &DeadLetterTarget, dead_letters: Vec<DeadLetter>) {
+        self.route_dead_letters(queue, target, dead_letters);
+    }
+
+    /// Deletes a queue that went unused for its `x-expires`, as queue.delete
+    /// would: bindings removed, durable definitions saved, any consumer
+    /// that came meanwhile told with basic.cancel. Its messages are not
+    /// dead-lettered, as in RabbitMQ.
+    fn expire(&self, queue: &Arc<dyn Queue>) {
+        if !queue.is_unused_for_expiry() {
+            return;
+        }
+        let (dropped, consumers) = self.remove_queue(queue);
+        for consumer in consumers {
+            consumer.sink.cancelled_by_queue(&consumer);
+        }
+        tracing::info!(queue = %queue.name(), vhost = %self.name, dropped, "deleted a queue unused for its x-expires");
+    }
+}
+
 /// Buffers the routing walk reuses from one message to the next.
 #[derive(Default)]
 pub struct RouteScratch {
@@ -1107,10 +1083,11 @@ fn check_not_default_exchange(source: &str, destination: &Destination) -> AmqpRe
     Ok(())
 }
 
-fn existing_exclusive_mismatch(existing: &Queue) -> AmqpError {
+fn existing_exclusive_mismatch(existing: &Arc<dyn Queue>) -> AmqpError {
     AmqpError::resource_locked(format!(
         "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
-        existing.name, existing.vhost
+        existing.name(),
+        existing.vhost_name()
     ))
 }
 

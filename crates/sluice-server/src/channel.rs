@@ -9,11 +9,10 @@ use std::sync::Arc;
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::Bytes;
 use sluice_core::arguments::{as_integer, check_consume_arguments, check_expiration_property};
-use sluice_core::consumer::Consumer;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::{Destination, ExchangeKind};
 use sluice_core::message::Message;
-use sluice_core::queue::{PublishOutcome, Queue};
+use sluice_core::queue::{same_queue, Consumer, MessageId, PublishOutcome, Queue};
 use sluice_core::queue_journal::Durability;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::sender_selected::{
@@ -97,7 +96,7 @@ struct Transaction {
 }
 
 struct ChannelConsumer {
-    queue: Arc<Queue>,
+    queue: Arc<dyn Queue>,
 }
 
 /// The channel's consumer of the `amq.rabbitmq.reply-to` pseudo-queue.
@@ -125,13 +124,14 @@ pub struct Channel {
     /// The queue named by an empty queue name in later methods.
     last_declared_queue: Option<Arc<str>>,
     route_scratch: RouteScratch,
-    route_queues: Vec<Arc<Queue>>,
+    route_queues: Vec<Arc<dyn Queue>>,
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
-    congested_queues: Vec<Arc<Queue>>,
+    congested_queues: Vec<Arc<dyn Queue>>,
     /// Buffers an ack reuses, so that settling does not allocate.
     settled_scratch: Vec<Unacked>,
-    dispatched_scratch: Vec<Arc<Queue>>,
+    dispatched_scratch: Vec<Arc<dyn Queue>>,
+    message_ids_scratch: Vec<MessageId>,
 }
 
 /// Where an error arose, for the class and method ids of the close.
@@ -162,6 +162,7 @@ impl Channel {
             congested_queues: Vec::new(),
             settled_scratch: Vec::new(),
             dispatched_scratch: Vec::new(),
+            message_ids_scratch: Vec::new(),
         }
     }
 
@@ -177,7 +178,7 @@ impl Channel {
     }
 
     /// The queues this channel's consumers read from.
-    pub fn consumer_queues(&self) -> impl Iterator<Item = Arc<Queue>> + '_ {
+    pub fn consumer_queues(&self) -> impl Iterator<Item = Arc<dyn Queue>> + '_ {
         self.consumers
             .values()
             .map(|entry| Arc::clone(&entry.queue))
@@ -487,7 +488,7 @@ impl Channel {
                 && !self
                     .congested_queues
                     .iter()
-                    .any(|known| Arc::ptr_eq(known, &queue))
+                    .any(|known| same_queue(known, &queue))
             {
                 self.congested_queues.push(queue);
             }
@@ -512,9 +513,9 @@ impl Channel {
     }
 
     /// The congested queues this channel published into since last asked.
-    pub fn take_congested_queues(&mut self, into: &mut Vec<Arc<Queue>>) {
+    pub fn take_congested_queues(&mut self, into: &mut Vec<Arc<dyn Queue>>) {
         for queue in self.congested_queues.drain(..) {
-            if !into.iter().any(|known| Arc::ptr_eq(known, &queue)) {
+            if !into.iter().any(|known| same_queue(known, &queue)) {
                 into.push(queue);
             }
         }
@@ -647,7 +648,7 @@ impl Channel {
             for entry in settled.iter() {
                 if !dispatched
                     .iter()
-                    .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+                    .any(|queue| same_queue(queue, &entry.queue))
                 {
                     dispatched.push(Arc::clone(&entry.queue));
                 }
@@ -657,7 +658,12 @@ impl Channel {
             // nack and reject without requeue dead-letter where the
             // queue has a dead-letter exchange.
             let rejected = requeue == Some(false);
-            settle_by_queue(settled, rejected, &mut dispatched);
+            settle_by_queue(
+                settled,
+                rejected,
+                &mut dispatched,
+                &mut self.message_ids_scratch,
+            );
         }
         // Settling and requeueing dispatch on their own queues; the
         // other queues of this channel's consumers may deliver now too,
@@ -665,7 +671,7 @@ impl Channel {
         for entry in self.consumers.values() {
             if !dispatched
                 .iter()
-                .any(|queue| Arc::ptr_eq(queue, &entry.queue))
+                .any(|queue| same_queue(queue, &entry.queue))
             {
                 entry.queue.dispatch();
             }
@@ -862,12 +868,12 @@ impl Channel {
                     },
                     context.connection_id,
                 )?;
-                self.last_declared_queue = Some(Arc::clone(&queue.name));
+                self.last_declared_queue = Some(Arc::clone(queue.name()));
                 if !declare.nowait {
                     self.reply(
                         context,
                         AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
-                            queue: queue.name.as_ref().into(),
+                            queue: queue.name().as_ref().into(),
                             message_count: queue.message_count(),
                             consumer_count: queue.consumer_count(),
                         })),
@@ -1103,7 +1109,7 @@ impl Channel {
         let queue = context.vhost.queue(&name, context.connection_id)?;
         check_consume_arguments(
             &consume.arguments,
-            &format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),
+            &format!("queue '{}' in vhost '{}'", queue.name(), queue.vhost_name()),
         )?;
         // Validated as an integer; RabbitMQ accepts any width, so a priority
         // beyond i32 is clamped rather than refused.
@@ -1126,7 +1132,7 @@ impl Channel {
             unacked: AtomicU32::new(0),
             sink: self.deliveries.clone(),
         });
-        queue.add_consumer(consumer, || {
+        queue.add_consumer(consumer, &mut || {
             if !consume.nowait {
                 self.reply(
                     context,
@@ -1205,7 +1211,11 @@ impl Channel {
     /// Removes a consumer from its queue. Returns the queue when it is a
     /// single-active-consumer queue whose active consumer this was: the
     /// caller dispatches it, after requeueing what is to be requeued.
-    fn cancel_consumer(&mut self, context: &ConnectionContext, tag: &str) -> Option<Arc<Queue>> {
+    fn cancel_consumer(
+        &mut self,
+        context: &ConnectionContext,
+        tag: &str,
+    ) -> Option<Arc<dyn Queue>> {
         // Cancelling an unknown tag succeeds, as in RabbitMQ.
         let entry = self.consumers.remove(tag)?;
         let removed = entry
@@ -1340,7 +1350,7 @@ impl Channel {
         // another thread could deliver newer messages to it first.
         requeue_by_queue(unacked);
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
-        let mut new_active: Vec<Arc<Queue>> = Vec::new();
+        let mut new_active: Vec<Arc<dyn Queue>> = Vec::new();
         for tag in tags {
             if let Some(queue) = self.cancel_consumer(context, &tag) {
                 new_active.push(queue);
@@ -1354,40 +1364,48 @@ impl Channel {
     }
 }
 
-/// Acked (or rejected) messages, counted per queue with one lock each.
-fn settle_by_queue(acked: &[Unacked], rejected: bool, settled_queues: &mut Vec<Arc<Queue>>) {
+/// Acked (or rejected) messages, settled by id with one call (one lock)
+/// per run of the same queue. `ids` is a buffer the channel reuses.
+fn settle_by_queue(
+    acked: &[Unacked],
+    rejected: bool,
+    settled_queues: &mut Vec<Arc<dyn Queue>>,
+    ids: &mut Vec<MessageId>,
+) {
     let mut start = 0;
     while start < acked.len() {
         let queue = &acked[start].queue;
-        let run = acked[start..]
-            .iter()
-            .take_while(|entry| Arc::ptr_eq(&entry.queue, queue))
-            .count();
-        let entries = acked[start..start + run].iter().map(|entry| &entry.entry);
+        ids.clear();
+        ids.extend(
+            acked[start..]
+                .iter()
+                .take_while(|entry| same_queue(&entry.queue, queue))
+                .map(|entry| entry.message_id),
+        );
         if rejected {
-            queue.reject(entries);
+            queue.reject(ids);
         } else {
-            queue.settle(entries);
+            queue.settle(ids);
         }
-        if !settled_queues.iter().any(|known| Arc::ptr_eq(known, queue)) {
+        if !settled_queues.iter().any(|known| same_queue(known, queue)) {
             settled_queues.push(Arc::clone(queue));
         }
-        start += run;
+        start += ids.len();
     }
+    ids.clear();
 }
 
 /// Requeued messages, handed back per queue in their original order.
 fn requeue_by_queue(requeued: impl IntoIterator<Item = Unacked>) {
-    let mut by_queue: HashMap<*const Queue, (Arc<Queue>, Vec<sluice_core::queue::QueuedMessage>)> =
-        HashMap::new();
+    let mut by_queue: HashMap<*const (), (Arc<dyn Queue>, Vec<MessageId>)> = HashMap::new();
     for entry in requeued {
         by_queue
-            .entry(Arc::as_ptr(&entry.queue))
+            .entry(Arc::as_ptr(&entry.queue) as *const ())
             .or_insert_with(|| (Arc::clone(&entry.queue), Vec::new()))
             .1
-            .push(entry.entry);
+            .push(entry.message_id);
     }
-    for (_, (queue, entries)) in by_queue {
-        queue.requeue(entries);
+    for (_, (queue, ids)) in by_queue {
+        queue.requeue(&ids);
     }
 }

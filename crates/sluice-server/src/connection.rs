@@ -10,7 +10,7 @@ use std::time::Duration;
 use amq_protocol::protocol::{channel, connection, AMQPClass};
 use sluice_core::broker::Broker;
 use sluice_core::error::AmqpError;
-use sluice_core::queue::Queue;
+use sluice_core::queue::{same_queue, Queue};
 use sluice_wire::content::decode_content_header;
 use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{Frame, FrameType};
@@ -48,14 +48,14 @@ pub struct Connection {
     heartbeat: Option<Duration>,
     /// Queues this connection's consumers read from, for resuming deliveries
     /// after the output buffer drains.
-    consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>>,
+    consumer_queues: Arc<Mutex<Vec<Arc<dyn Queue>>>>,
     closing: bool,
     /// Changes after every sync round: time to look at confirms that wait
     /// for persistent messages to be on disk.
     durable_rounds: watch::Receiver<u64>,
     /// Congested queues this connection published into; it does not read
     /// its socket until they drain.
-    congested_queues: Vec<Arc<Queue>>,
+    congested_queues: Vec<Arc<dyn Queue>>,
     /// Memory and disk alarms: while one is set, a connection that publishes
     /// is blocked.
     alarms: watch::Receiver<Alarms>,
@@ -132,11 +132,11 @@ pub async fn serve(
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
     let outbox = Outbox::new(in_flight);
-    let consumer_queues: Arc<Mutex<Vec<Arc<Queue>>>> = Arc::new(Mutex::new(Vec::new()));
+    let consumer_queues: Arc<Mutex<Vec<Arc<dyn Queue>>>> = Arc::new(Mutex::new(Vec::new()));
     let resume_queues = Arc::clone(&consumer_queues);
     let writer = tokio::spawn(
         Arc::clone(&outbox).run_writer(write_half, heartbeat, move || {
-            let queues: Vec<Arc<Queue>> = resume_queues
+            let queues: Vec<Arc<dyn Queue>> = resume_queues
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .clone();
@@ -807,7 +807,7 @@ impl Connection {
         queues.clear();
         for channel in self.channels.values() {
             for queue in channel.consumer_queues() {
-                if !queues.iter().any(|known| Arc::ptr_eq(known, &queue)) {
+                if !queues.iter().any(|known| same_queue(known, &queue)) {
                     queues.push(queue);
                 }
             }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use sluice_core::broker::Broker;
-use sluice_core::consumer::ConnectionId;
+use sluice_core::queue::ConnectionId;
 use sluice_core::vhost::VirtualHost;
 
 use crate::outbox::Outbox;

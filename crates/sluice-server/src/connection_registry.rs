@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use sluice_core::consumer::ConnectionId;
+use sluice_core::queue::ConnectionId;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -1,8 +1,9 @@
 //! The delivery side of a channel: what queues call into, from any thread,
 //! to hand a message to one of the channel's consumers.
 //!
-//! It owns the channel's delivery tags and its unacknowledged messages, and
-//! enforces prefetch (per consumer and per channel) and channel.flow.
+//! It owns the channel's delivery tags, the record of which queue holds
+//! each unacknowledged message (the queue holds the message), and enforces
+//! prefetch (per consumer and per channel) and channel.flow.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -10,20 +11,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::BytesMut;
 
-use sluice_core::consumer::{Consumer, DeliverySink};
 use sluice_core::error::{AmqpError, AmqpResult};
-use sluice_core::message::Message;
-use sluice_core::queue::{Queue, QueuedMessage};
+use sluice_core::message::{Message, QueuedMessage};
+use sluice_core::queue::{Consumer, DeliverySink, MessageId, Queue};
 use sluice_core::reply_to::ReplySink;
 use sluice_wire::encode::{encode_content, encode_deliver, encode_get_ok};
 
 use crate::outbox::Outbox;
 
-/// A message delivered on this channel and not yet acknowledged.
+/// A message delivered on this channel and not yet acknowledged: which
+/// queue holds it, and its id there.
 pub struct Unacked {
     pub delivery_tag: u64,
-    pub queue: Arc<Queue>,
-    pub entry: QueuedMessage,
+    pub queue: Arc<dyn Queue>,
+    pub message_id: MessageId,
     /// None for a message fetched with basic.get.
     pub consumer: Option<Arc<Consumer>>,
 }
@@ -113,7 +114,7 @@ impl ChannelDeliveries {
     /// Writes a basic.get-ok for `entry` and, unless no_ack, records it.
     pub fn deliver_get(
         &self,
-        queue: &Arc<Queue>,
+        queue: &Arc<dyn Queue>,
         entry: QueuedMessage,
         message_count: u32,
         no_ack: bool,
@@ -144,7 +145,7 @@ impl ChannelDeliveries {
             state.unacked.push_back(Unacked {
                 delivery_tag,
                 queue: Arc::clone(queue),
-                entry,
+                message_id: entry.offset,
                 consumer: None,
             });
         }
@@ -266,15 +267,15 @@ impl DeliverySink for ChannelDeliveries {
     fn deliver(
         &self,
         consumer: &Arc<Consumer>,
-        queue: &Arc<Queue>,
-        entry: QueuedMessage,
-    ) -> Result<(), QueuedMessage> {
+        queue: &Arc<dyn Queue>,
+        entry: &QueuedMessage,
+    ) -> bool {
         let mut state = self.lock();
         if state.closed
             || !state.flow_active
             || (!consumer.no_ack && !Self::channel_has_room(&state))
         {
-            return Err(entry);
+            return false;
         }
         let delivery_tag = state.next_delivery_tag;
         let written = self.outbox.append_delivery(|out| {
@@ -287,7 +288,7 @@ impl DeliverySink for ChannelDeliveries {
             )
         });
         if !written {
-            return Err(entry);
+            return false;
         }
         state.next_delivery_tag += 1;
         if !consumer.no_ack {
@@ -295,11 +296,11 @@ impl DeliverySink for ChannelDeliveries {
             state.unacked.push_back(Unacked {
                 delivery_tag,
                 queue: Arc::clone(queue),
-                entry,
+                message_id: entry.offset,
                 consumer: Some(Arc::clone(consumer)),
             });
         }
-        Ok(())
+        true
     }
 
     fn cancelled_by_queue(&self, consumer: &Arc<Consumer>) {

@@ -12,7 +12,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use sluice_core::queue::FLOW_BACKLOG_MESSAGES;
+use sluice_core::classic_queue::FLOW_BACKLOG_MESSAGES;
 use support::TestServer;
 
 const MESSAGES: usize = 20_000;

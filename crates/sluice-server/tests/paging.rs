@@ -16,7 +16,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use sluice_core::queue::CONSUMERLESS_WINDOW_DIVISOR;
+use sluice_core::classic_queue::CONSUMERLESS_WINDOW_DIVISOR;
 use support::TestServer;
 
 /// A body that names its index, padded to `size` bytes.
@@ -117,7 +117,7 @@ async fn paging_a_deep_transient_queue_keeps_a_window_in_memory_and_delivers_all
     assert_eq!(queue.message_count() as usize, MESSAGES);
     // Without consumers, a queue keeps only a sliver of its window.
     assert_eq!(
-        queue.paged_count() as usize,
+        queue.stats().messages_paged as usize,
         MESSAGES - 64 / CONSUMERLESS_WINDOW_DIVISOR,
         "all but the consumerless window is paged out"
     );
@@ -128,7 +128,7 @@ async fn paging_a_deep_transient_queue_keeps_a_window_in_memory_and_delivers_all
     assert_eq!(indexes, (0..MESSAGES).collect::<Vec<_>>());
     assert!(seen.iter().all(|(_, redelivered)| !redelivered));
     assert_eq!(queue.message_count(), 0);
-    assert_eq!(queue.paged_count(), 0);
+    assert_eq!(queue.stats().messages_paged, 0);
     server.stop().await;
 }
 
@@ -182,7 +182,7 @@ async fn paging_a_durable_queue_recovers_only_persistent_messages_as_references(
     let persistent_count = MESSAGES - MESSAGES / 4;
     assert_eq!(queue.message_count() as usize, persistent_count);
     assert_eq!(
-        queue.paged_count() as usize,
+        queue.stats().messages_paged as usize,
         persistent_count,
         "recovered bodies stay on disk until read"
     );
@@ -280,7 +280,7 @@ async fn paging_compaction_frees_segments_pinned_by_one_unacked_message() {
     let queue_dir = server
         .data_dir()
         .join("queues")
-        .join(server.queue("pinned").store_id.clone().unwrap());
+        .join(server.queue("pinned").store_id().unwrap());
     let before = files_under(&queue_dir);
     assert!(before > 30, "600 × 4 KiB in 64 KiB segments: {before}");
 
@@ -297,7 +297,7 @@ async fn paging_compaction_frees_segments_pinned_by_one_unacked_message() {
     // Acks are sent without a reply: wait until the broker has them all.
     let queue = server.queue("pinned");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while queue.unacked_count() > 1 {
+    while queue.stats().messages_unacknowledged > 1 {
         assert!(Instant::now() < deadline, "acks never arrived");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -395,7 +395,7 @@ async fn paging_a_publisher_is_not_paused_while_consumers_drain_a_deep_queue() {
     // The old rule (pause while more than 1024 wait) would have paused it
     // throughout: the queue was still that deep when the publisher finished.
     assert!(
-        queue.message_count() as usize > sluice_core::queue::FLOW_BACKLOG_MESSAGES,
+        queue.message_count() as usize > sluice_core::classic_queue::FLOW_BACKLOG_MESSAGES,
         "the test needs a deep queue throughout; it drained to {}",
         queue.message_count()
     );

@@ -199,7 +199,7 @@ async fn priority_queue_deeper_than_the_paging_window_keeps_priority_order() {
         publish_priority(&channel, "q", &format!("m{index}"), Some((index % 3) as u8)).await;
     }
     wait_ready(&server, "q", 20).await;
-    assert_eq!(server.queue("q").paged_count(), 0);
+    assert_eq!(server.queue("q").stats().messages_paged, 0);
     let drained = drain(&channel, "q").await;
     let expected: Vec<String> = [2, 1, 0]
         .into_iter()
@@ -268,7 +268,7 @@ async fn priority_queue_recovered_messages_keep_priority_order() {
     server.stop().await;
 
     let server = start(data_dir.clone()).await;
-    assert_eq!(server.queue("q").paged_count(), 5);
+    assert_eq!(server.queue("q").stats().messages_paged, 5);
     let (connection, channel) = open(&server).await;
     // Published after recovery: newer than every recovered message.
     publish_priority(&channel, "q", "f-9", Some(9)).await;

@@ -22,7 +22,7 @@ fn exists(server: &TestServer, name: &str) -> bool {
         .expect("the default vhost exists")
         .queues()
         .iter()
-        .any(|queue| &*queue.name == name)
+        .any(|queue| &**queue.name() == name)
 }
 
 async fn declare_expiring(channel: &Channel, name: &str, expires_ms: i32, durable: bool) {

@@ -243,7 +243,7 @@ async fn single_active_consumer_cancel_hands_the_rest_to_the_next() {
     // channel until acked or the channel goes.
     expect_range(&mut second, 3..10, |_| false).await;
     eventually("only the cancelled consumer's three stay unacked", || {
-        server.queue("q").unacked_count() == 3
+        server.queue("q").stats().messages_unacknowledged == 3
     })
     .await;
     first_channel.close(200, "done".into()).await.unwrap();

@@ -171,12 +171,15 @@ async fn ttl_paged_messages_expire_without_being_read() {
     }
     let queue = server.queue("deep");
     eventually("all 40 are in the queue", || queue.message_count() == 40).await;
-    assert!(queue.paged_count() > 0, "some messages were paged out");
+    assert!(
+        queue.stats().messages_paged > 0,
+        "some messages were paged out"
+    );
     eventually("the paged messages expire too", || {
         queue.message_count() == 0
     })
     .await;
-    assert_eq!(queue.paged_count(), 0);
+    assert_eq!(queue.stats().messages_paged, 0);
     assert_eq!(get_text(&channel, "deep").await, None);
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
@@ -201,7 +204,7 @@ async fn ttl_paged_expiration_is_honoured_when_paged_back_in() {
     publish(&channel, "", "window", b"tail").await;
     let queue = server.queue("window");
     eventually("all are in the queue", || queue.message_count() == 26).await;
-    assert!(queue.paged_count() > 0);
+    assert!(queue.stats().messages_paged > 0);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let mut bodies = Vec::new();
     while let Some(body) = get_text(&channel, "window").await {

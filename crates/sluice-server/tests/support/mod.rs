@@ -72,7 +72,7 @@ impl TestServer {
     }
 
     /// A queue of the default vhost, looked up directly in the broker.
-    pub fn queue(&self, name: &str) -> std::sync::Arc<sluice_core::queue::Queue> {
+    pub fn queue(&self, name: &str) -> std::sync::Arc<dyn sluice_core::queue::Queue> {
         let server = self.server.as_ref().expect("the server runs");
         server
             .broker
@@ -80,7 +80,7 @@ impl TestServer {
             .expect("the default vhost exists")
             .queues()
             .into_iter()
-            .find(|queue| &*queue.name == name)
+            .find(|queue| &**queue.name() == name)
             .unwrap_or_else(|| panic!("no queue '{name}'"))
     }
 

@@ -1,0 +1,90 @@
+//! Builds the queue a declaration asks for, of the kind its `x-queue-type`
+//! names, in one place (LavinMQ's `queue_factory.cr`): the vhost creates
+//! and recovers queues through here and holds them only as [`Queue`].
+
+use std::sync::{Arc, Weak};
+
+use amq_protocol::types::FieldTable;
+
+use crate::classic_queue::{ClassicQueue, ClassicQueueSpec};
+use crate::dead_letter::DeadLetterTarget;
+use crate::definitions::{new_store_id, DefinitionStore};
+use crate::expiry::QueueExpiry;
+use crate::queue::{Queue, QueueHost, QueueOptions};
+use crate::queue_journal::QueueJournal;
+use crate::queue_limits::QueueLimits;
+use crate::queue_type::QueueType;
+
+/// A queue to create, or to recover from its saved definition.
+pub struct QueueSpec<'a> {
+    pub name: Arc<str>,
+    pub vhost: Arc<str>,
+    pub options: QueueOptions,
+    /// The declared arguments merged with the queue's policy: what its
+    /// behaviour (limits, TTL, dead-lettering) follows.
+    pub effective_arguments: &'a FieldTable,
+    pub host: Weak<dyn QueueHost>,
+    /// The node's storage; None keeps everything in memory.
+    pub store: Option<&'a DefinitionStore>,
+    /// A recovered durable queue's journal directory; a new durable queue
+    /// gets a fresh one.
+    pub store_id: Option<String>,
+}
+
+/// Why a queue could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueCreateError {
+    #[error("queue type '{0}' is not supported by this node")]
+    Unsupported(String),
+    #[error("cannot open the journal: {0}")]
+    Journal(#[from] sluice_store::StoreError),
+}
+
+/// Makes the queue `spec` describes. A durable queue on a node with storage
+/// opens (or creates) its journal and recovers what is in it.
+///
+/// # Errors
+/// A kind this node cannot create, or a journal that cannot be opened.
+pub fn create_queue(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError> {
+    match QueueType::of_arguments(&spec.options.arguments) {
+        Some(QueueType::Classic) => Ok(create_classic(spec)?),
+        Some(other) => Err(QueueCreateError::Unsupported(other.as_str().to_owned())),
+        None => Err(QueueCreateError::Unsupported(
+            spec.options
+                .arguments
+                .inner()
+                .get(crate::queue_type::QUEUE_TYPE_ARGUMENT)
+                .map(|value| format!("{value:?}"))
+                .unwrap_or_default(),
+        )),
+    }
+}
+
+fn create_classic(spec: QueueSpec<'_>) -> Result<Arc<ClassicQueue>, QueueCreateError> {
+    let journaled = spec.store.filter(|_| spec.options.durable);
+    let (store_id, recovered) = match journaled {
+        Some(store) => {
+            let store_id = spec.store_id.unwrap_or_else(new_store_id);
+            let recovered = QueueJournal::recover(
+                &store.queue_dir(&store_id),
+                Arc::clone(&store.group),
+                &store.storage.settings,
+            )?;
+            (Some(store_id), Some(recovered))
+        }
+        None => (None, None),
+    };
+    let effective = spec.effective_arguments;
+    Ok(ClassicQueue::create(ClassicQueueSpec {
+        name: spec.name,
+        vhost: spec.vhost,
+        options: spec.options,
+        limits: QueueLimits::from_arguments(effective),
+        expiry: QueueExpiry::from_arguments(effective),
+        dead_letter: DeadLetterTarget::from_arguments(effective),
+        host: spec.host,
+        store_id,
+        storage: spec.store.map(|store| Arc::clone(&store.storage)),
+        recovered,
+    }))
+}
