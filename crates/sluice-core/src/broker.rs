@@ -48,7 +48,7 @@ pub struct Broker {
     /// Policies by vhost, handed to each vhost when it is created.
     policies: HashMap<String, VhostPolicies>,
     /// Direct reply-to consumers, by the token in their reply names.
-    pub reply_to: ReplyRegistry,
+    pub reply_to: Arc<ReplyRegistry>,
 }
 
 impl Broker {
@@ -84,7 +84,7 @@ impl Broker {
                 .into_iter()
                 .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
                 .collect(),
-            reply_to: ReplyRegistry::default(),
+            reply_to: Arc::new(ReplyRegistry::default()),
         };
         for (name, vhost_definitions) in &definitions.vhosts {
             broker.add_vhost(name).recover(vhost_definitions);
@@ -105,7 +105,12 @@ impl Broker {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| {
             let policies = self.policies.get(name).cloned().unwrap_or_default();
-            VirtualHost::with_store(name, self.store.clone(), policies)
+            VirtualHost::with_store(
+                name,
+                self.store.clone(),
+                policies,
+                Arc::clone(&self.reply_to),
+            )
         }))
     }
 

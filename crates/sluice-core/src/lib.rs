@@ -11,6 +11,8 @@
 //! - [`classic_queue`]: a classic queue, dispatching to consumers inline.
 //! - [`ready`]: a queue's ready messages in memory, by priority in a priority queue.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
+//! - [`confirm`]: confirm tickets, complete when every target queue has a
+//!   message safe.
 //! - [`queue_journal`]: a queue's persistent and paged messages and acks on disk.
 //! - [`paging`]: the in-memory window of a queue and its paged references.
 //! - [`pager`]: the thread that reads paged messages back and compacts journals.
@@ -29,6 +31,7 @@
 pub mod arguments;
 pub mod broker;
 pub mod classic_queue;
+pub mod confirm;
 pub mod dead_letter;
 pub mod definitions;
 pub mod definitions_import;

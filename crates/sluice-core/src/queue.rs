@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use amq_protocol::types::FieldTable;
 
+use crate::confirm::PendingSafety;
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
-use crate::queue_journal::Durability;
 use crate::queue_type::QueueType;
 
 /// Identifies a connection within this node, for exclusive queues and
@@ -45,9 +45,11 @@ pub struct QueueOptions {
 /// What became of a message offered to a queue.
 #[derive(Clone)]
 pub enum PublishOutcome {
-    /// In the queue; persisted when a durability ticket comes with it, and
-    /// safe to confirm once that ticket is synced.
-    Enqueued(Option<Durability>),
+    /// In the queue, and as safe as it needs to be: confirm it now.
+    Enqueued,
+    /// In the queue, and safe once this is kept (a persistent message in a
+    /// durable queue: once its journal is fsynced).
+    Pending(PendingSafety),
     /// The queue is full and its overflow is reject-publish, or it cannot
     /// keep the message safe: publishers with confirms get a nack.
     Rejected,

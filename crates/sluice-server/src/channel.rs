@@ -9,16 +9,14 @@ use std::sync::Arc;
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::Bytes;
 use sluice_core::arguments::{as_integer, check_consume_arguments, check_expiration_property};
+use sluice_core::confirm::{ConfirmStatus, ConfirmTicket};
 use sluice_core::error::{AmqpError, AmqpResult};
-use sluice_core::exchange::{Destination, ExchangeKind};
+use sluice_core::exchange::Destination;
 use sluice_core::message::Message;
-use sluice_core::queue::{same_queue, Consumer, MessageId, PublishOutcome, Queue};
-use sluice_core::queue_journal::Durability;
+use sluice_core::queue::{same_queue, Consumer, MessageId, Queue};
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
-use sluice_core::sender_selected::{
-    check_header_routes, header_routes, may_have_header_routes, without_bcc,
-};
-use sluice_core::vhost::{Exchange, ExchangeDeclaration, QueueDeclaration, RouteScratch};
+use sluice_core::sender_selected::check_header_routes;
+use sluice_core::vhost::{Exchange, ExchangeDeclaration, PublishScratch, QueueDeclaration};
 use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
     encode_confirm, encode_content, encode_control, encode_return, join_body,
@@ -60,8 +58,7 @@ struct Confirms {
 
 struct WaitingConfirm {
     sequence: u64,
-    durability: Vec<Durability>,
-    rejected: bool,
+    ticket: ConfirmTicket,
 }
 
 /// A tx.commit applied, whose commit-ok waits until its persistent messages
@@ -69,9 +66,9 @@ struct WaitingConfirm {
 /// know a message is safe.
 #[derive(Default)]
 struct PendingCommit {
-    durability: Vec<Durability>,
-    /// A queue refused a message (`reject-publish`, a failed journal).
-    rejected: bool,
+    /// Every message of the transaction; refused when a queue refused one
+    /// (`reject-publish`, a failed journal).
+    ticket: ConfirmTicket,
     /// Commit-oks owed: a client that sends tx.commit again before the
     /// first commit-ok still gets one reply for each.
     replies: u32,
@@ -123,8 +120,7 @@ pub struct Channel {
     next_consumer_tag: u64,
     /// The queue named by an empty queue name in later methods.
     last_declared_queue: Option<Arc<str>>,
-    route_scratch: RouteScratch,
-    route_queues: Vec<Arc<dyn Queue>>,
+    publish_scratch: PublishScratch,
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
     congested_queues: Vec<Arc<dyn Queue>>,
@@ -157,8 +153,7 @@ impl Channel {
             consumer_prefetch: 0,
             next_consumer_tag: 1,
             last_declared_queue: None,
-            route_scratch: RouteScratch::default(),
-            route_queues: Vec::new(),
+            publish_scratch: PublishScratch::default(),
             congested_queues: Vec::new(),
             settled_scratch: Vec::new(),
             dispatched_scratch: Vec::new(),
@@ -392,72 +387,24 @@ impl Channel {
         ))
     }
 
+    /// Publishes through the vhost's pipeline, then does the channel's
+    /// part: basic.return for a mandatory message no queue took, and the
+    /// confirm (or the transaction's commit) waiting on the ticket.
     fn route_and_enqueue(
         &mut self,
         context: &ConnectionContext,
         exchange: &Arc<Exchange>,
-        mut message: Arc<Message>,
+        message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
-        // Headers are decoded only when something reads them: the headers
-        // exchange, or CC and BCC, which add routing keys (and BCC is
-        // stripped). Other messages with headers pass as they came.
-        let header_routed = may_have_header_routes(&message.properties);
-        let decoded = if header_routed
-            || (exchange.kind == ExchangeKind::Headers && message.properties.has_headers())
-        {
-            message.properties.decode().ok()
-        } else {
-            None
-        };
-        let headers = decoded
-            .as_ref()
-            .and_then(|properties| properties.headers().as_ref());
-        let routing_headers = headers.filter(|_| exchange.kind == ExchangeKind::Headers);
-        let header_keys = match headers.filter(|_| header_routed) {
-            Some(headers) => header_routes(headers.inner())?,
-            None => Vec::new(),
-        };
-        if header_keys.is_empty() {
-            context.vhost.route(
-                exchange,
-                &publish.routing_key,
-                routing_headers,
-                &mut self.route_scratch,
-                &mut self.route_queues,
-            );
-        } else {
-            let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + header_keys.len());
-            keys.push(&publish.routing_key);
-            keys.extend(header_keys.iter().map(|key| &key[..]));
-            context.vhost.route_keys(
-                exchange,
-                &keys,
-                routing_headers,
-                &mut self.route_scratch,
-                &mut self.route_queues,
-            );
-        }
-        if let (Some(properties), Some(headers)) = (&decoded, headers.filter(|_| header_routed)) {
-            if let Some(kept) = without_bcc(headers) {
-                message = Arc::new(Message {
-                    properties: RawProperties::from_properties(
-                        &properties.clone().with_headers(kept),
-                    ),
-                    ..(*message).clone()
-                });
-            }
-        }
-        if self.route_queues.is_empty() && exchange.is_default() {
-            // A reply to a direct reply-to name reaches its consumer, or is
-            // dropped when that channel is gone. Either way it counts as
-            // routed to no queue, so mandatory still returns it, as in
-            // RabbitMQ (where reply names are "not a queue").
-            if let Some(token) = token_of(&publish.routing_key) {
-                context.broker.reply_to.deliver(token, &message);
-            }
-        }
-        if self.route_queues.is_empty() && publish.mandatory {
+        let published = context.vhost.publish(
+            exchange,
+            message,
+            &mut self.publish_scratch,
+            &mut self.congested_queues,
+        )?;
+        if !published.routed && publish.mandatory {
+            let message = &published.message;
             context.outbox.append(|out| {
                 encode_return(
                     out,
@@ -476,37 +423,18 @@ impl Channel {
                 );
             });
         }
-        let mut rejected = false;
-        let mut durability = Vec::new();
-        for queue in self.route_queues.drain(..) {
-            match queue.publish(Arc::clone(&message)) {
-                PublishOutcome::Enqueued(None) => {}
-                PublishOutcome::Enqueued(Some(ticket)) => durability.push(ticket),
-                PublishOutcome::Rejected => rejected = true,
-            }
-            if queue.is_congested()
-                && !self
-                    .congested_queues
-                    .iter()
-                    .any(|known| same_queue(known, &queue))
-            {
-                self.congested_queues.push(queue);
-            }
-        }
+        let ticket = published.ticket;
         if let Some(commit) = self.committing.as_mut() {
-            commit.durability.extend(durability);
-            commit.rejected |= rejected;
+            commit.ticket.merge(ticket);
         } else if let Some(confirms) = self.confirms.as_mut() {
             confirms.next_sequence += 1;
             let sequence = confirms.next_sequence;
-            if confirms.waiting.is_empty() && durability.is_empty() && !rejected {
+            if confirms.waiting.is_empty() && ticket.is_immediate() {
                 confirms.confirmed_through = sequence;
             } else {
-                confirms.waiting.push_back(WaitingConfirm {
-                    sequence,
-                    durability,
-                    rejected,
-                });
+                confirms
+                    .waiting
+                    .push_back(WaitingConfirm { sequence, ticket });
             }
         }
         Ok(())
@@ -552,8 +480,8 @@ impl Channel {
                 .append(|out| encode_confirm(out, channel_id, delivery_tag, multiple, true));
         };
         while let Some(front) = confirms.waiting.front() {
-            let failed = front.rejected || front.durability.iter().any(Durability::is_lost);
-            if failed {
+            let status = front.ticket.status();
+            if status == ConfirmStatus::Refused {
                 // Acks for earlier publishes go out first, so that a
                 // multiple ack never covers this nack.
                 let sequence = front.sequence;
@@ -563,7 +491,7 @@ impl Channel {
                     .append(|out| encode_confirm(out, channel_id, sequence, false, false));
                 confirms.confirmed_through = sequence;
                 confirms.sent_through = sequence;
-            } else if front.durability.iter().all(Durability::is_synced) {
+            } else if status == ConfirmStatus::Confirmed {
                 confirms.confirmed_through = front.sequence;
             } else {
                 break;
@@ -581,12 +509,13 @@ impl Channel {
         let Some(commit) = &self.committing else {
             return Ok(());
         };
-        if commit.rejected || commit.durability.iter().any(Durability::is_lost) {
-            self.committing = None;
-            return Err(AmqpError::precondition_failed("partial tx completion"));
-        }
-        if !commit.durability.iter().all(Durability::is_synced) {
-            return Ok(());
+        match commit.ticket.status() {
+            ConfirmStatus::Refused => {
+                self.committing = None;
+                return Err(AmqpError::precondition_failed("partial tx completion"));
+            }
+            ConfirmStatus::Pending => return Ok(()),
+            ConfirmStatus::Confirmed => {}
         }
         let replies = commit.replies;
         self.committing = None;
@@ -630,19 +559,24 @@ impl Channel {
         }
         let mut settled = std::mem::take(&mut self.settled_scratch);
         let result = self.deliveries.settle(delivery_tag, multiple, &mut settled);
-        if result.is_ok() {
-            self.finish_settle(&mut settled, requeue);
+        if let Ok(others_wait) = result {
+            self.finish_settle(&mut settled, requeue, others_wait);
         }
         settled.clear();
         self.settled_scratch = settled;
-        result
+        result.map(drop)
     }
 
     /// Hands settled messages to their queues: acked, requeued, or rejected
     /// (dead-lettered where the queue says so); then lets this channel's
     /// queues deliver into the prefetch room freed. Leaves `settled` empty
     /// or to be cleared.
-    fn finish_settle(&mut self, settled: &mut Vec<Unacked>, requeue: Option<bool>) {
+    fn finish_settle(
+        &mut self,
+        settled: &mut Vec<Unacked>,
+        requeue: Option<bool>,
+        others_wait: bool,
+    ) {
         let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
         if requeue == Some(true) {
             for entry in settled.iter() {
@@ -665,10 +599,12 @@ impl Channel {
                 &mut self.message_ids_scratch,
             );
         }
-        // Settling and requeueing dispatch on their own queues; the
-        // other queues of this channel's consumers may deliver now too,
-        // since channel-wide prefetch room was freed.
-        for entry in self.consumers.values() {
+        // Settling and requeueing dispatch on their own queues. The other
+        // queues of this channel's consumers are asked only when one of
+        // them was refused for the channel-wide prefetch (`others_wait`),
+        // which this freed room under: an ack touches only the queues it
+        // settles.
+        for entry in self.consumers.values().filter(|_| others_wait) {
             if !dispatched
                 .iter()
                 .any(|queue| same_queue(queue, &entry.queue))
@@ -1308,7 +1244,8 @@ impl Channel {
                     requeue,
                 } => {
                     self.deliveries.release_held(&settled);
-                    self.finish_settle(&mut settled, requeue);
+                    let others_wait = self.deliveries.take_channel_prefetch_refusal();
+                    self.finish_settle(&mut settled, requeue, others_wait);
                 }
             }
         }

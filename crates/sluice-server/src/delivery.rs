@@ -38,6 +38,11 @@ struct DeliveryState {
     channel_prefetch: u32,
     /// channel.flow from the client.
     flow_active: bool,
+    /// A delivery was refused because the channel-wide prefetch was
+    /// reached: the next settle frees room some other queue of the channel
+    /// may be waiting for. Without it, a settle asks only the queues it
+    /// settled to deliver.
+    refused_for_channel_prefetch: bool,
     closed: bool,
     /// Consumers the queue cancelled (queue deleted); the channel forgets
     /// their tags when it next handles a method.
@@ -66,6 +71,7 @@ impl ChannelDeliveries {
                 unacked: VecDeque::new(),
                 channel_prefetch: 0,
                 flow_active: true,
+                refused_for_channel_prefetch: false,
                 closed: false,
                 cancelled_by_queue: Vec::new(),
             }),
@@ -105,6 +111,13 @@ impl ChannelDeliveries {
         let unacked: Vec<Unacked> = self.lock().unacked.drain(..).collect();
         release_prefetch(&unacked);
         unacked
+    }
+
+    /// Whether a delivery was refused for the channel-wide prefetch since
+    /// the last call: the caller then lets every queue of the channel's
+    /// consumers deliver into the room a settle freed.
+    pub fn take_channel_prefetch_refusal(&self) -> bool {
+        std::mem::take(&mut self.lock().refused_for_channel_prefetch)
     }
 
     fn channel_has_room(state: &DeliveryState) -> bool {
@@ -154,17 +167,24 @@ impl ChannelDeliveries {
     /// Takes the unacked messages a basic.ack, nack or reject settles and
     /// appends them to `into` (a buffer the channel reuses, so an ack does
     /// not allocate). `multiple` settles every message up to and including
-    /// `delivery_tag`; tag 0 with multiple means all.
+    /// `delivery_tag`; tag 0 with multiple means all. Returns whether a
+    /// delivery was refused for the channel-wide prefetch since the last
+    /// settle (see [`Self::take_channel_prefetch_refusal`]), read under
+    /// the same lock.
     pub fn settle(
         &self,
         delivery_tag: u64,
         multiple: bool,
         into: &mut Vec<Unacked>,
-    ) -> AmqpResult<()> {
+    ) -> AmqpResult<bool> {
         let start = into.len();
-        self.take(delivery_tag, multiple, into)?;
+        let refused = {
+            let mut state = self.lock();
+            Self::take_locked(&mut state, delivery_tag, multiple, into)?;
+            std::mem::take(&mut state.refused_for_channel_prefetch)
+        };
         release_prefetch(&into[start..]);
-        Ok(())
+        Ok(refused)
     }
 
     /// Takes what [`Self::settle`] would, but the consumers' prefetch stays
@@ -176,7 +196,15 @@ impl ChannelDeliveries {
         multiple: bool,
         into: &mut Vec<Unacked>,
     ) -> AmqpResult<()> {
-        let mut state = self.lock();
+        Self::take_locked(&mut self.lock(), delivery_tag, multiple, into)
+    }
+
+    fn take_locked(
+        state: &mut DeliveryState,
+        delivery_tag: u64,
+        multiple: bool,
+        into: &mut Vec<Unacked>,
+    ) -> AmqpResult<()> {
         if multiple {
             let count = if delivery_tag == 0 {
                 state.unacked.len()
@@ -271,10 +299,11 @@ impl DeliverySink for ChannelDeliveries {
         entry: &QueuedMessage,
     ) -> bool {
         let mut state = self.lock();
-        if state.closed
-            || !state.flow_active
-            || (!consumer.no_ack && !Self::channel_has_room(&state))
-        {
+        if state.closed || !state.flow_active {
+            return false;
+        }
+        if !consumer.no_ack && !Self::channel_has_room(&state) {
+            state.refused_for_channel_prefetch = true;
             return false;
         }
         let delivery_tag = state.next_delivery_tag;

@@ -117,6 +117,34 @@ async fn consumers_global_prefetch_is_shared_by_the_channel() {
     server.stop().await;
 }
 
+/// An ack settles only its own queue's messages, yet the room it frees
+/// under a channel-wide prefetch belongs to the whole channel: a message
+/// another queue could not deliver for lack of it goes out now.
+#[tokio::test]
+async fn consumers_global_prefetch_ack_on_one_queue_lets_another_deliver() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "a").await;
+    declare(&channel, "b").await;
+    channel
+        .basic_qos(2, BasicQosOptions { global: true })
+        .await
+        .unwrap();
+    let mut consumer_a = consume(&channel, "a", "ca").await;
+    let mut consumer_b = consume(&channel, "b", "cb").await;
+    publish_numbered(&channel, "a", 2).await;
+    let first = next_delivery(&mut consumer_a).await;
+    next_delivery(&mut consumer_a).await;
+    publish_numbered(&channel, "b", 1).await;
+    assert_no_delivery(&mut consumer_b).await;
+    assert_eq!(ready_count(&channel, "b").await, 1, "b waits for room");
+    first.acker.ack(BasicAckOptions::default()).await.unwrap();
+    assert_eq!(body(&next_delivery(&mut consumer_b).await), "m0");
+    assert_no_delivery(&mut consumer_a).await;
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn consumers_no_ack_consumers_settle_on_delivery() {
     let server = TestServer::start().await;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::read_ahead::resident_window;
 use super::state::QueueState;
 use super::ClassicQueue;
+use crate::confirm::PendingSafety;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::expiry::{now_us, wall_ms_of, NEVER};
 use crate::message::{Message, QueuedMessage};
@@ -20,7 +21,7 @@ impl ClassicQueue {
         let mut state = self.lock();
         if self.is_deleted() {
             // Routed to a queue being deleted: lost with it, as in RabbitMQ.
-            return PublishOutcome::Enqueued(None);
+            return PublishOutcome::Enqueued;
         }
         let body_size = message.body_size() as u64;
         if self.limits.is_limited() && self.limits.overflow != Overflow::DropHead {
@@ -114,7 +115,10 @@ impl ClassicQueue {
         }
         self.update_congestion(&mut state);
         self.unlock(state);
-        PublishOutcome::Enqueued(durability)
+        match durability {
+            Some(durability) => PublishOutcome::Pending(PendingSafety::Journal(durability)),
+            None => PublishOutcome::Enqueued,
+        }
     }
 
     /// Where a new message waits on disk when the in-memory window is full

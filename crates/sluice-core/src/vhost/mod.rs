@@ -1,5 +1,18 @@
-//! A virtual host: its exchanges, queues and the bindings between them, and
-//! the routing walk from an exchange to the queues a message lands in.
+//! A virtual host: its exchanges, queues and the bindings between them.
+//!
+//! - `routing`: the walk from an exchange to the queues a message lands in.
+//! - `publish`: the publish pipeline: route, enqueue into every target,
+//!   and the confirm ticket.
+//! - `queue_host`: what the vhost does for its queues: dead-letters, expiry.
+//! - `recovery`: rebuilding the vhost from saved definitions at start.
+
+mod publish;
+mod queue_host;
+mod recovery;
+mod routing;
+
+pub use publish::{PublishScratch, Published};
+pub use routing::{RouteScratch, ROUTING_EXCHANGE_HOPS_MAX};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -11,7 +24,6 @@ use crate::arguments::{
     check_equivalence, check_exchange_name_argument, check_queue_arguments, inequivalent_flag,
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
-use crate::dead_letter::{dead_lettered, is_cycle, DeadLetter, DeadLetterTarget, DeathReason};
 use crate::definitions::{
     BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition, VhostDefinitions,
 };
@@ -22,17 +34,8 @@ use crate::policy::{
 };
 use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOptions};
 use crate::queue_factory::{create_queue, QueueSpec};
+use crate::reply_to::ReplyRegistry;
 use sluice_wire::reply_code::ReplyCode;
-
-/// Exchange-to-exchange bindings may form cycles; the routing walk visits each
-/// exchange once, and stops at this depth so a pathological chain costs a
-/// bounded amount of work per message.
-pub const ROUTING_EXCHANGE_HOPS_MAX: usize = 64;
-
-/// Dead-letter problems (a missing exchange, a cycle) are logged once per
-/// queue and kind, as RabbitMQ logs a cycle once; this bounds how many the
-/// vhost remembers, after which new ones are no longer logged.
-const DEAD_LETTER_WARNINGS_MAX: usize = 1024;
 
 pub struct Exchange {
     pub name: Arc<str>,
@@ -116,6 +119,9 @@ pub struct VirtualHost {
     this: Weak<VirtualHost>,
     /// Dead-letter warnings already logged, by queue and kind.
     dead_letter_warnings: Mutex<HashSet<String>>,
+    /// Direct reply-to consumers of the node: a reply published to the
+    /// default exchange under a reply name reaches one of them.
+    reply_to: Arc<ReplyRegistry>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -131,15 +137,22 @@ impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
     /// RabbitMQ vhost has.
     pub fn new(name: &str) -> Arc<Self> {
-        Self::with_store(name, None, VhostPolicies::default())
+        Self::with_store(
+            name,
+            None,
+            VhostPolicies::default(),
+            Arc::new(ReplyRegistry::default()),
+        )
     }
 
     /// A vhost whose durable definitions and messages live in `store`, with
-    /// the policies that apply to its objects.
+    /// the policies that apply to its objects, delivering direct replies
+    /// through the node's `reply_to` registry.
     pub fn with_store(
         name: &str,
         store: Option<Arc<DefinitionStore>>,
         policies: VhostPolicies,
+        reply_to: Arc<ReplyRegistry>,
     ) -> Arc<Self> {
         let vhost = Arc::new_cyclic(|this| VirtualHost {
             name: Arc::from(name),
@@ -149,6 +162,7 @@ impl VirtualHost {
             store,
             this: this.clone(),
             dead_letter_warnings: Mutex::new(HashSet::new()),
+            reply_to,
         });
         let standard = [
             ("", ExchangeKind::Direct),
@@ -619,65 +633,6 @@ impl VirtualHost {
         }
     }
 
-    /// Logs a dead-letter problem once per `key`.
-    fn warn_dead_letter_once(&self, key: String, warning: impl FnOnce()) {
-        let mut logged = self
-            .dead_letter_warnings
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if logged.len() < DEAD_LETTER_WARNINGS_MAX && logged.insert(key) {
-            warning();
-        }
-    }
-
-    /// Republishes what `queue` dead-lettered to `target`'s exchange, with
-    /// the x-death history, routed by the dead-letter routing key or the
-    /// messages' own keys. Called with no queue locked. As in RabbitMQ
-    /// 3.10, a missing exchange drops the messages, and a copy that would
-    /// close a cycle without a rejection in it is dropped for that queue.
-    /// Persistent copies entering durable queues are journaled as any
-    /// publish; nothing confirms them (at most once, as RabbitMQ's
-    /// classic queues).
-    fn route_dead_letters(
-        &self,
-        queue: &str,
-        target: &DeadLetterTarget,
-        dead_letters: Vec<DeadLetter>,
-    ) {
-        let exchange = match self.exchange(&target.exchange) {
-            Ok(exchange) => exchange,
-            Err(_) => {
-                self.warn_dead_letter_once(format!("missing {queue} {}", target.exchange), || {
-                    tracing::warn!(queue, vhost = %self.name, exchange = %target.exchange, "the dead-letter exchange does not exist; dead-lettered messages are dropped");
-                });
-                return;
-            }
-        };
-        let time_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        let mut scratch = RouteScratch::default();
-        let mut destinations: Vec<Arc<dyn Queue>> = Vec::new();
-        for dead in dead_letters {
-            let copy = dead_lettered(&dead.message, dead.reason, queue, target, time_s);
-            let headers = (exchange.kind == ExchangeKind::Headers).then_some(&copy.headers);
-            let keys: Vec<&[u8]> = copy.routing_keys.iter().map(|key| &key[..]).collect();
-            self.route_keys(&exchange, &keys, headers, &mut scratch, &mut destinations);
-            let message = Arc::new(copy.message);
-            for destination in destinations.drain(..) {
-                if dead.reason != DeathReason::Rejected
-                    && is_cycle(destination.name(), &copy.headers)
-                {
-                    self.warn_dead_letter_once(format!("cycle {queue} {}", destination.name()), || {
-                        tracing::warn!(queue, vhost = %self.name, into = %destination.name(), "message dropped: dead-letter queues cycle detected; this cycle will not be reported again");
-                    });
-                    continue;
-                }
-                destination.publish(Arc::clone(&message));
-            }
-        }
-    }
-
     fn binding_source(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
         if name.is_empty() {
             return Err(AmqpError::access_refused(
@@ -773,122 +728,6 @@ impl VirtualHost {
         }
         all
     }
-
-    /// The queues a message published to `exchange` lands in, each once.
-    /// `scratch` is reused between calls so routing does not allocate.
-    pub fn route(
-        &self,
-        exchange: &Arc<Exchange>,
-        routing_key: &[u8],
-        headers: Option<&FieldTable>,
-        scratch: &mut RouteScratch,
-        out: &mut Vec<Arc<dyn Queue>>,
-    ) {
-        self.route_keys(exchange, &[routing_key], headers, scratch, out);
-    }
-
-    /// [`VirtualHost::route`] with several routing keys at once: a message's
-    /// own and its CC and BCC keys (see [`crate::sender_selected`]), or a
-    /// dead-lettered copy's. As in RabbitMQ, each queue gets one copy, and
-    /// an exchange hands the message to its alternate exchange only when no
-    /// key routes it anywhere.
-    pub fn route_keys(
-        &self,
-        exchange: &Arc<Exchange>,
-        routing_keys: &[&[u8]],
-        headers: Option<&FieldTable>,
-        scratch: &mut RouteScratch,
-        out: &mut Vec<Arc<dyn Queue>>,
-    ) {
-        out.clear();
-        if exchange.is_default() {
-            let queues = read(&self.queues);
-            for key in routing_keys {
-                let Ok(name) = std::str::from_utf8(key) else {
-                    continue;
-                };
-                if let Some(queue) = queues.get(name) {
-                    if !out.iter().any(|seen| same_queue(seen, queue)) {
-                        out.push(Arc::clone(queue));
-                    }
-                }
-            }
-            return;
-        }
-        scratch.destinations.clear();
-        for key in routing_keys {
-            exchange
-                .routing()
-                .route(key, headers, &mut scratch.destinations);
-        }
-        if scratch.destinations.is_empty() {
-            // Routed nowhere: the alternate exchange, if any, takes the
-            // message. Only here, so routable messages never pay for it.
-            match &exchange.alternate_exchange {
-                Some(alternate) => scratch
-                    .destinations
-                    .push(Destination::Exchange(Arc::clone(alternate))),
-                None => return,
-            }
-        }
-        let has_exchange_hops = scratch
-            .destinations
-            .iter()
-            .any(|destination| matches!(destination, Destination::Exchange(_)));
-        if has_exchange_hops {
-            self.follow_exchange_bindings(exchange, routing_keys, headers, scratch);
-        }
-        let queues = read(&self.queues);
-        for destination in &scratch.destinations {
-            if let Destination::Queue(name) = destination {
-                if let Some(queue) = queues.get(name) {
-                    if !out.iter().any(|seen| same_queue(seen, queue)) {
-                        out.push(Arc::clone(queue));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Expands exchange destinations breadth-first, visiting each exchange
-    /// once so binding cycles (and cycles of alternate exchanges) terminate.
-    /// As in RabbitMQ, an exchange on the walk that routes the message
-    /// nowhere hands it to its own alternate exchange; a missing alternate
-    /// is skipped.
-    fn follow_exchange_bindings(
-        &self,
-        source: &Arc<Exchange>,
-        routing_keys: &[&[u8]],
-        headers: Option<&FieldTable>,
-        scratch: &mut RouteScratch,
-    ) {
-        let mut visited: HashSet<Arc<str>> = HashSet::new();
-        visited.insert(Arc::clone(&source.name));
-        let mut index = 0;
-        let mut hops = 0;
-        while index < scratch.destinations.len() && hops < ROUTING_EXCHANGE_HOPS_MAX {
-            if let Destination::Exchange(name) = &scratch.destinations[index] {
-                if visited.insert(Arc::clone(name)) {
-                    hops += 1;
-                    if let Ok(next) = self.exchange(name) {
-                        let before = scratch.destinations.len();
-                        for key in routing_keys {
-                            next.routing()
-                                .route(key, headers, &mut scratch.destinations);
-                        }
-                        if scratch.destinations.len() == before {
-                            if let Some(alternate) = &next.alternate_exchange {
-                                scratch
-                                    .destinations
-                                    .push(Destination::Exchange(Arc::clone(alternate)));
-                            }
-                        }
-                    }
-                }
-            }
-            index += 1;
-        }
-    }
 }
 
 impl VirtualHost {
@@ -962,112 +801,6 @@ impl VirtualHost {
             store.save_vhost(&self.name, || self.durable_definitions());
         }
     }
-
-    /// Rebuilds durable exchanges, queues (with their journals) and bindings
-    /// saved by an earlier run. A queue whose journal cannot be read is
-    /// skipped with an error in the log rather than stopping the node.
-    pub fn recover(&self, definitions: &VhostDefinitions) {
-        if self.store.is_none() {
-            return;
-        }
-        {
-            let mut exchanges = write(&self.exchanges);
-            for definition in &definitions.exchanges {
-                let Some(kind) = ExchangeKind::parse(&definition.kind) else {
-                    tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
-                    continue;
-                };
-                let exchange = self.new_exchange(ExchangeSpec {
-                    name: &definition.name,
-                    kind,
-                    durable: true,
-                    auto_delete: definition.auto_delete,
-                    internal: definition.internal,
-                    arguments: definition.arguments.clone(),
-                });
-                exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
-            }
-        }
-        let mut recovered_queues = Vec::with_capacity(definitions.queues.len());
-        {
-            let mut queues = write(&self.queues);
-            for definition in &definitions.queues {
-                let effective =
-                    self.effective_queue_arguments(&definition.name, &definition.arguments);
-                let options = QueueOptions {
-                    durable: true,
-                    exclusive_owner: None,
-                    auto_delete: definition.auto_delete,
-                    arguments: definition.arguments.clone(),
-                };
-                let name: Arc<str> = Arc::from(definition.name.as_str());
-                let spec = self.queue_spec(
-                    Arc::clone(&name),
-                    options,
-                    &effective,
-                    Some(definition.store_id.clone()),
-                );
-                let queue = match create_queue(spec) {
-                    Ok(queue) => queue,
-                    Err(error) => {
-                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
-                        continue;
-                    }
-                };
-                tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
-                recovered_queues.push(Arc::clone(&queue));
-                queues.insert(name, queue);
-            }
-        }
-        for definition in &definitions.bindings {
-            let destination = match definition.destination_type.as_str() {
-                "exchange" => Destination::Exchange(Arc::from(definition.destination.as_str())),
-                _ => Destination::Queue(Arc::from(definition.destination.as_str())),
-            };
-            if let Err(error) = self.bind(
-                &definition.source,
-                destination,
-                &definition.routing_key,
-                definition.arguments.clone(),
-                0,
-            ) {
-                tracing::error!(source = %definition.source, destination = %definition.destination, %error, "skipping a binding");
-            }
-        }
-        // Only now that the bindings are back: a message that expired while
-        // the node was down is due at once, and its dead-letter exchange
-        // must route it.
-        for queue in recovered_queues {
-            queue.start_timers();
-        }
-    }
-}
-
-impl QueueHost for VirtualHost {
-    fn dead_letter(&self, queue: &str, target: &DeadLetterTarget, dead_letters: Vec<DeadLetter>) {
-        self.route_dead_letters(queue, target, dead_letters);
-    }
-
-    /// Deletes a queue that went unused for its `x-expires`, as queue.delete
-    /// would: bindings removed, durable definitions saved, any consumer
-    /// that came meanwhile told with basic.cancel. Its messages are not
-    /// dead-lettered, as in RabbitMQ.
-    fn expire(&self, queue: &Arc<dyn Queue>) {
-        if !queue.is_unused_for_expiry() {
-            return;
-        }
-        let (dropped, consumers) = self.remove_queue(queue);
-        for consumer in consumers {
-            consumer.sink.cancelled_by_queue(&consumer);
-        }
-        tracing::info!(queue = %queue.name(), vhost = %self.name, dropped, "deleted a queue unused for its x-expires");
-    }
-}
-
-/// Buffers the routing walk reuses from one message to the next.
-#[derive(Default)]
-pub struct RouteScratch {
-    destinations: Vec<Destination>,
 }
 
 /// RabbitMQ refuses the default exchange as either end of a binding before

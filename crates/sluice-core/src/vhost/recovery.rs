@@ -1,0 +1,90 @@
+//! A vhost rebuilt at start from the definitions an earlier run saved.
+
+use std::sync::Arc;
+
+use super::{write, ExchangeSpec, VirtualHost};
+use crate::definitions::VhostDefinitions;
+use crate::exchange::{Destination, ExchangeKind};
+use crate::queue::QueueOptions;
+use crate::queue_factory::create_queue;
+
+impl VirtualHost {
+    /// Rebuilds durable exchanges, queues (with their journals) and bindings
+    /// saved by an earlier run. A queue whose journal cannot be read is
+    /// skipped with an error in the log rather than stopping the node.
+    pub fn recover(&self, definitions: &VhostDefinitions) {
+        if self.store.is_none() {
+            return;
+        }
+        {
+            let mut exchanges = write(&self.exchanges);
+            for definition in &definitions.exchanges {
+                let Some(kind) = ExchangeKind::parse(&definition.kind) else {
+                    tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+                    continue;
+                };
+                let exchange = self.new_exchange(ExchangeSpec {
+                    name: &definition.name,
+                    kind,
+                    durable: true,
+                    auto_delete: definition.auto_delete,
+                    internal: definition.internal,
+                    arguments: definition.arguments.clone(),
+                });
+                exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+            }
+        }
+        let mut recovered_queues = Vec::with_capacity(definitions.queues.len());
+        {
+            let mut queues = write(&self.queues);
+            for definition in &definitions.queues {
+                let effective =
+                    self.effective_queue_arguments(&definition.name, &definition.arguments);
+                let options = QueueOptions {
+                    durable: true,
+                    exclusive_owner: None,
+                    auto_delete: definition.auto_delete,
+                    arguments: definition.arguments.clone(),
+                };
+                let name: Arc<str> = Arc::from(definition.name.as_str());
+                let spec = self.queue_spec(
+                    Arc::clone(&name),
+                    options,
+                    &effective,
+                    Some(definition.store_id.clone()),
+                );
+                let queue = match create_queue(spec) {
+                    Ok(queue) => queue,
+                    Err(error) => {
+                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
+                        continue;
+                    }
+                };
+                tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
+                recovered_queues.push(Arc::clone(&queue));
+                queues.insert(name, queue);
+            }
+        }
+        for definition in &definitions.bindings {
+            let destination = match definition.destination_type.as_str() {
+                "exchange" => Destination::Exchange(Arc::from(definition.destination.as_str())),
+                _ => Destination::Queue(Arc::from(definition.destination.as_str())),
+            };
+            if let Err(error) = self.bind(
+                &definition.source,
+                destination,
+                &definition.routing_key,
+                definition.arguments.clone(),
+                0,
+            ) {
+                tracing::error!(source = %definition.source, destination = %definition.destination, %error, "skipping a binding");
+            }
+        }
+        // Only now that the bindings are back: a message that expired while
+        // the node was down is due at once, and its dead-letter exchange
+        // must route it.
+        for queue in recovered_queues {
+            queue.start_timers();
+        }
+    }
+}
