@@ -11,6 +11,7 @@
 //! - [`classic_queue`]: a classic queue, dispatching to consumers inline.
 //! - [`ready`]: a queue's ready messages in memory, by priority in a priority queue.
 //! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
+//! - [`counters`]: what happened to messages, counted where it happens.
 //! - [`confirm`]: confirm tickets, complete when every target queue has a
 //!   message safe.
 //! - [`queue_journal`]: a queue's persistent and paged messages and acks on disk.
@@ -32,6 +33,7 @@ pub mod arguments;
 pub mod broker;
 pub mod classic_queue;
 pub mod confirm;
+pub mod counters;
 pub mod dead_letter;
 pub mod definitions;
 pub mod definitions_import;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use amq_protocol::types::FieldTable;
 
 use crate::confirm::PendingSafety;
+use crate::counters::MessageCounts;
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
@@ -232,6 +233,10 @@ pub trait Queue: Send + Sync {
     fn is_deleted(&self) -> bool;
 
     fn stats(&self) -> QueueStats;
+
+    /// Messages taken in, delivered, redelivered, acked and dropped since
+    /// the queue was created (or the node started).
+    fn counts(&self) -> MessageCounts;
 
     /// Ready messages, as queue.declare-ok and basic.get-ok count them.
     fn message_count(&self) -> u32 {

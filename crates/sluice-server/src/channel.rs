@@ -16,7 +16,7 @@ use sluice_core::message::Message;
 use sluice_core::queue::{same_queue, Consumer, MessageId, Queue};
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::sender_selected::check_header_routes;
-use sluice_core::vhost::{Exchange, ExchangeDeclaration, PublishScratch, QueueDeclaration};
+use sluice_core::vhost::{ExchangeDeclaration, PublishScratch, QueueDeclaration};
 use sluice_wire::content::{ContentHeader, RawProperties};
 use sluice_wire::encode::{
     encode_confirm, encode_content, encode_control, encode_return, join_body,
@@ -135,14 +135,19 @@ pub type MethodIds = (u16, u16);
 
 impl Channel {
     pub fn new(id: u16, context: &ConnectionContext) -> Self {
+        let deliveries = Arc::new(ChannelDeliveries::new(
+            id,
+            context.frame_max,
+            context.client_capabilities.consumer_cancel_notify,
+            Arc::clone(&context.outbox),
+            Arc::clone(&context.vhost),
+        ));
+        context
+            .stats
+            .channel_opened(id, Arc::clone(deliveries.counters()));
         Channel {
             id,
-            deliveries: Arc::new(ChannelDeliveries::new(
-                id,
-                context.frame_max,
-                context.client_capabilities.consumer_cancel_notify,
-                Arc::clone(&context.outbox),
-            )),
+            deliveries,
             closing: false,
             content: None,
             confirms: None,
@@ -328,7 +333,9 @@ impl Channel {
         let publish = pending.publish;
         // RabbitMQ's order: the exchange (404, then 403 when internal), then
         // the properties; all at publish time, in tx mode too.
-        let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
+        context
+            .vhost
+            .check_publish_exchange(&publish.exchange, &mut self.publish_scratch)?;
         let mut properties = header.properties;
         if properties.has_reply_to() {
             properties = self.direct_reply_to(properties)?;
@@ -358,7 +365,7 @@ impl Channel {
                 .push(TxOperation::Publish(message, publish));
             return Ok(());
         }
-        self.route_and_enqueue(context, &exchange, message, &publish)
+        self.route_and_enqueue(context, message, &publish)
     }
 
     /// A request asking for a direct reply (reply-to
@@ -393,16 +400,23 @@ impl Channel {
     fn route_and_enqueue(
         &mut self,
         context: &ConnectionContext,
-        exchange: &Arc<Exchange>,
         message: Arc<Message>,
         publish: &Publish,
     ) -> AmqpResult<()> {
         let published = context.vhost.publish(
-            exchange,
+            &publish.exchange,
             message,
+            publish.mandatory,
             &mut self.publish_scratch,
             &mut self.congested_queues,
         )?;
+        let counters = self.deliveries.counters();
+        counters.count_publish(published.message.body_size());
+        match (published.routed, publish.mandatory) {
+            (true, _) => counters.routed.add(1),
+            (false, true) => counters.returned_unroutable.add(1),
+            (false, false) => counters.dropped_unroutable.add(1),
+        }
         if !published.routed && publish.mandatory {
             let message = &published.message;
             context.outbox.append(|out| {
@@ -468,11 +482,15 @@ impl Channel {
         let Some(confirms) = self.confirms.as_mut() else {
             return Ok(());
         };
+        let counters = self.deliveries.counters();
         let write_acks = |confirms: &mut Confirms| {
             if confirms.confirmed_through == confirms.sent_through {
                 return;
             }
-            let multiple = confirms.confirmed_through - confirms.sent_through > 1;
+            let confirmed = confirms.confirmed_through - confirms.sent_through;
+            counters.confirmed.add(confirmed);
+            context.vhost.counters().local().confirmed.add(confirmed);
+            let multiple = confirmed > 1;
             let delivery_tag = confirms.confirmed_through;
             confirms.sent_through = confirms.confirmed_through;
             context
@@ -489,6 +507,8 @@ impl Channel {
                 context
                     .outbox
                     .append(|out| encode_confirm(out, channel_id, sequence, false, false));
+                counters.refused.add(1);
+                context.vhost.counters().local().refused.add(1);
                 confirms.confirmed_through = sequence;
                 confirms.sent_through = sequence;
             } else if status == ConfirmStatus::Confirmed {
@@ -577,6 +597,11 @@ impl Channel {
         requeue: Option<bool>,
         others_wait: bool,
     ) {
+        if requeue.is_none() {
+            let acked = settled.len() as u64;
+            self.deliveries.counters().acked.add(acked);
+            self.deliveries.vhost().counters().local().acked.add(acked);
+        }
         let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
         if requeue == Some(true) {
             for entry in settled.iter() {
@@ -1236,8 +1261,7 @@ impl Channel {
         for operation in operations {
             match operation {
                 TxOperation::Publish(message, publish) => {
-                    let exchange = context.vhost.exchange_for_publish(&publish.exchange)?;
-                    self.route_and_enqueue(context, &exchange, message, &publish)?
+                    self.route_and_enqueue(context, message, &publish)?
                 }
                 TxOperation::Settle {
                     mut settled,
@@ -1271,6 +1295,7 @@ impl Channel {
     /// queues that lose their last consumer go), unacked messages back to
     /// their queues in order, marked redelivered.
     pub fn release(&mut self, context: &ConnectionContext) {
+        context.stats.channel_closed(self.id);
         self.cancel_reply_consumer(context);
         // Acks of an uncommitted transaction never happened: their messages
         // are requeued with the other unacked ones.

@@ -131,7 +131,9 @@ pub async fn serve(
     );
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
-    let outbox = Outbox::new(in_flight);
+    let stats = registration.stats();
+    reader.count_into(Arc::clone(&stats));
+    let outbox = Outbox::new(in_flight, Arc::clone(&stats));
     let consumer_queues: Arc<Mutex<Vec<Arc<dyn Queue>>>> = Arc::new(Mutex::new(Vec::new()));
     let resume_queues = Arc::clone(&consumer_queues);
     let writer = tokio::spawn(
@@ -155,6 +157,7 @@ pub async fn serve(
             channel_max: negotiated.channel_max,
             max_message_size: settings.max_message_size,
             client_capabilities: negotiated.client_capabilities,
+            stats,
         },
         peer,
         channels: HashMap::new(),

@@ -7,6 +7,7 @@ use sluice_core::broker::Broker;
 use sluice_core::queue::ConnectionId;
 use sluice_core::vhost::VirtualHost;
 
+use crate::connection_registry::ConnectionStats;
 use crate::outbox::Outbox;
 
 /// Capabilities the client announced in connection.start-ok.
@@ -26,4 +27,6 @@ pub struct ConnectionContext {
     pub channel_max: u16,
     pub max_message_size: u32,
     pub client_capabilities: ClientCapabilities,
+    /// The connection's byte counts and its channels' message counters.
+    pub stats: Arc<ConnectionStats>,
 }

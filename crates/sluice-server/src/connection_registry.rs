@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use sluice_core::counters::{Counter, MessageCounters, MessageCounts};
 use sluice_core::queue::ConnectionId;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -56,6 +57,46 @@ impl fmt::Display for ConnectionState {
     }
 }
 
+/// What a connection counts, for the management API: bytes each way
+/// (RabbitMQ's `recv_oct` and `send_oct`), and the message counters of
+/// its open channels. The reader and the writer add to the byte counts
+/// once per socket read and write.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    pub received_bytes: Counter,
+    pub sent_bytes: Counter,
+    /// Bounded by the connection's channel_max.
+    channels: Mutex<BTreeMap<u16, Arc<MessageCounters>>>,
+}
+
+impl ConnectionStats {
+    pub fn channel_opened(&self, channel_id: u16, counters: Arc<MessageCounters>) {
+        lock(&self.channels).insert(channel_id, counters);
+    }
+
+    pub fn channel_closed(&self, channel_id: u16) {
+        lock(&self.channels).remove(&channel_id);
+    }
+
+    /// The counts of every open channel, by channel number.
+    pub fn channel_counts(&self) -> Vec<ChannelCounts> {
+        lock(&self.channels)
+            .iter()
+            .map(|(channel_id, counters)| ChannelCounts {
+                channel_id: *channel_id,
+                counts: counters.counts(),
+            })
+            .collect()
+    }
+}
+
+/// One channel's message counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelCounts {
+    pub channel_id: u16,
+    pub counts: MessageCounts,
+}
+
 /// One connection as it was when the snapshot was taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectionSnapshot {
@@ -74,6 +115,11 @@ pub struct ConnectionSnapshot {
     /// When the current block started; `None` unless the state is
     /// [`ConnectionState::Blocked`].
     pub blocked_since: Option<SystemTime>,
+    /// Bytes read from the client since the handshake.
+    pub received_bytes: u64,
+    /// Bytes written to the client since the handshake.
+    pub sent_bytes: u64,
+    pub channels: Vec<ChannelCounts>,
 }
 
 /// The open connections. It holds one entry per connection that finished its handshake,
@@ -90,6 +136,7 @@ struct Entry {
     vhost: String,
     connected_at: SystemTime,
     throttle: Mutex<Throttle>,
+    stats: Arc<ConnectionStats>,
 }
 
 /// Pause and block times of one connection.
@@ -158,6 +205,7 @@ impl ConnectionRegistry {
             vhost: vhost.to_owned(),
             connected_at: SystemTime::now(),
             throttle: Mutex::new(Throttle::default()),
+            stats: Arc::new(ConnectionStats::default()),
         });
         lock(&self.connections).insert(connection_id, Arc::clone(&entry));
         Registration {
@@ -189,6 +237,9 @@ impl ConnectionRegistry {
                     time_in_flow_ms: throttle.time_in_flow(now).as_millis() as u64,
                     time_blocked_ms: throttle.time_blocked(now).as_millis() as u64,
                     blocked_since: throttle.blocked_at.map(|(_, since)| since),
+                    received_bytes: entry.stats.received_bytes.get(),
+                    sent_bytes: entry.stats.sent_bytes.get(),
+                    channels: entry.stats.channel_counts(),
                 }
             })
             .collect()
@@ -212,6 +263,11 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Where the connection counts its bytes and registers its channels.
+    pub fn stats(&self) -> Arc<ConnectionStats> {
+        Arc::clone(&self.entry.stats)
+    }
+
     /// The connection stopped reading for a congested queue.
     pub fn flow_started(&self) {
         let mut throttle = lock(&self.entry.throttle);

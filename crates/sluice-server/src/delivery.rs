@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::BytesMut;
 
+use sluice_core::counters::MessageCounters;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::{Message, QueuedMessage};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, Queue};
 use sluice_core::reply_to::ReplySink;
+use sluice_core::vhost::VirtualHost;
 use sluice_wire::encode::{encode_content, encode_deliver, encode_get_ok};
 
 use crate::outbox::Outbox;
@@ -57,15 +59,27 @@ pub struct ChannelDeliveries {
     cancel_notify: bool,
     outbox: Arc<Outbox>,
     state: Mutex<DeliveryState>,
+    /// What happened to messages on this channel.
+    counters: Arc<MessageCounters>,
+    /// The vhost, whose counters the channel's deliveries add to.
+    vhost: Arc<VirtualHost>,
 }
 
 impl ChannelDeliveries {
-    pub fn new(channel_id: u16, frame_max: u32, cancel_notify: bool, outbox: Arc<Outbox>) -> Self {
+    pub fn new(
+        channel_id: u16,
+        frame_max: u32,
+        cancel_notify: bool,
+        outbox: Arc<Outbox>,
+        vhost: Arc<VirtualHost>,
+    ) -> Self {
         ChannelDeliveries {
             channel_id,
             frame_max,
             cancel_notify,
             outbox,
+            counters: Arc::new(MessageCounters::default()),
+            vhost,
             state: Mutex::new(DeliveryState {
                 next_delivery_tag: 1,
                 unacked: VecDeque::new(),
@@ -76,6 +90,24 @@ impl ChannelDeliveries {
                 cancelled_by_queue: Vec::new(),
             }),
         }
+    }
+
+    pub fn counters(&self) -> &Arc<MessageCounters> {
+        &self.counters
+    }
+
+    pub fn vhost(&self) -> &Arc<VirtualHost> {
+        &self.vhost
+    }
+
+    /// A message sent on this channel, counted here and in the vhost.
+    fn count_delivery(&self, message: &Message, redelivered: bool) {
+        let body_bytes = message.body_size();
+        self.counters.count_delivery(body_bytes, redelivered);
+        self.vhost
+            .counters()
+            .local()
+            .count_delivery(body_bytes, redelivered);
     }
 
     fn lock(&self) -> MutexGuard<'_, DeliveryState> {
@@ -135,6 +167,7 @@ impl ChannelDeliveries {
         let mut state = self.lock();
         let delivery_tag = state.next_delivery_tag;
         state.next_delivery_tag += 1;
+        self.count_delivery(&entry.message, entry.redelivered);
         let message = &entry.message;
         self.outbox.append(|out| {
             encode_get_ok(
@@ -320,6 +353,7 @@ impl DeliverySink for ChannelDeliveries {
             return false;
         }
         state.next_delivery_tag += 1;
+        self.count_delivery(&entry.message, entry.redelivered);
         if !consumer.no_ack {
             consumer.unacked.fetch_add(1, Ordering::AcqRel);
             state.unacked.push_back(Unacked {
@@ -371,6 +405,7 @@ impl ReplySink for ChannelDeliveries {
         });
         if written {
             state.next_delivery_tag += 1;
+            self.count_delivery(message, false);
         } else {
             tracing::debug!(
                 channel = self.channel_id,

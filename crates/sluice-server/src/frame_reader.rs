@@ -1,5 +1,6 @@
 //! Reading frames off a socket into one growing buffer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -7,6 +8,7 @@ use sluice_wire::frame::{split_frame, Frame, FrameError};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
+use crate::connection_registry::ConnectionStats;
 use crate::limits::{READ_BUFFER_MAX_BYTES, READ_BUFFER_MIN_BYTES};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,8 @@ pub struct FrameReader {
     /// has more waiting.
     last_read_full: bool,
     pub frame_max: u32,
+    /// Counts the bytes read once the connection is registered.
+    stats: Option<Arc<ConnectionStats>>,
 }
 
 impl FrameReader {
@@ -39,7 +43,13 @@ impl FrameReader {
             read_size: READ_BUFFER_MIN_BYTES,
             last_read_full: false,
             frame_max,
+            stats: None,
         }
+    }
+
+    /// Counts every byte read from now on into `stats`.
+    pub fn count_into(&mut self, stats: Arc<ConnectionStats>) {
+        self.stats = Some(stats);
     }
 
     /// Reads more bytes, waiting at most `timeout` when one is given.
@@ -57,6 +67,9 @@ impl FrameReader {
         };
         if count == 0 {
             return Err(ReadError::Closed);
+        }
+        if let Some(stats) = &self.stats {
+            stats.received_bytes.add(count as u64);
         }
         self.read_size = next_read_size(self.read_size, offered, count);
         self.last_read_full = count >= offered;

@@ -16,6 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+use crate::connection_registry::ConnectionStats;
 use crate::in_flight::InFlightBytes;
 use crate::limits::{
     OUTBOX_DELIVERY_BYTES_MAX, OUTBOX_DELIVERY_FLOOR_BYTES, OUTBOX_READER_PAUSE_BYTES,
@@ -70,6 +71,8 @@ pub struct Outbox {
     broken: AtomicBool,
     /// Every byte appended counts here until it is written or dropped.
     in_flight: Arc<InFlightBytes>,
+    /// Counts the bytes written.
+    stats: Arc<ConnectionStats>,
 }
 
 impl Drop for Outbox {
@@ -84,9 +87,10 @@ impl Drop for Outbox {
 }
 
 impl Outbox {
-    pub fn new(in_flight: Arc<InFlightBytes>) -> Arc<Self> {
+    pub fn new(in_flight: Arc<InFlightBytes>, stats: Arc<ConnectionStats>) -> Arc<Self> {
         Arc::new(Outbox {
             in_flight,
+            stats,
             buffer: Mutex::new(BytesMut::new()),
             has_data: Notify::new(),
             drained: Notify::new(),
@@ -214,6 +218,7 @@ impl Outbox {
             if !pending.is_empty() {
                 let result = socket.write_all(&pending).await;
                 self.in_flight.remove(written);
+                self.stats.sent_bytes.add(written as u64);
                 if let Err(error) = result {
                     tracing::debug!(%error, "socket write failed");
                     self.broken.store(true, Ordering::Release);

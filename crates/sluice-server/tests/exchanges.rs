@@ -946,3 +946,50 @@ async fn exchanges_cc_and_bcc_headers_add_routing_keys() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// A publisher reuses the route of its last message while the vhost's
+/// topology stands still; every bind, unbind and delete made meanwhile on
+/// another channel must still take effect for its very next message.
+#[tokio::test]
+async fn exchanges_repeated_publishes_follow_bindings_changed_meanwhile() {
+    let server = TestServer::start().await;
+    let (connection, publisher) = open(&server).await;
+    let admin = connection.create_channel().await.unwrap();
+    declare_exchange(
+        &admin,
+        "x",
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+    )
+    .await
+    .unwrap();
+    declare(&admin, "q1").await;
+    declare(&admin, "q2").await;
+    bind(&admin, "q1", "x", "k", FieldTable::default()).await;
+    publish(&publisher, "x", "k", b"1").await;
+    bind(&admin, "q2", "x", "k", FieldTable::default()).await;
+    publish(&publisher, "x", "k", b"2").await;
+    admin
+        .queue_unbind("q1".into(), "x".into(), "k".into(), FieldTable::default())
+        .await
+        .unwrap();
+    publish(&publisher, "x", "k", b"3").await;
+    admin
+        .queue_delete("q2".into(), Default::default())
+        .await
+        .unwrap();
+    publish(&publisher, "x", "k", b"lost with q2's bindings").await;
+    declare(&admin, "q2").await;
+    bind(&admin, "q2", "x", "k", FieldTable::default()).await;
+    publish(&publisher, "x", "k", b"4").await;
+    // The default exchange routes by queue name: a queue declared after a
+    // publish found none gets the next one.
+    publish(&publisher, "", "late", b"before").await;
+    declare(&admin, "late").await;
+    publish(&publisher, "", "late", b"after").await;
+    assert_eq!(drain(&admin, "q1").await, ["1", "2"]);
+    assert_eq!(drain(&admin, "q2").await, ["4"]);
+    assert_eq!(drain(&admin, "late").await, ["after"]);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

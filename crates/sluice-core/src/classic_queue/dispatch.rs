@@ -115,6 +115,8 @@ impl ClassicQueue {
                 }
                 state.ready_bytes -= body_size;
                 state.resident_bytes.remove(body_size);
+                self.counters
+                    .count_delivery(body_size as usize, entry.redelivered);
                 if !no_ack {
                     // The queue's until the channel settles it by offset.
                     state.unacked.insert(entry);
@@ -164,6 +166,8 @@ impl ClassicQueue {
             self.unlock(state);
             return None;
         };
+        self.counters
+            .count_delivery(entry.message.body_size(), entry.redelivered);
         if !no_ack {
             state.unacked.insert(entry.clone());
         } else {

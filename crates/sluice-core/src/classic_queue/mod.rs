@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use amq_protocol::types::AMQPValue;
 
 use crate::arguments::{as_strict_integer, MAX_PRIORITY_MAX};
+use crate::counters::{MessageCounters, MessageCounts};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::AmqpResult;
 use crate::expiry::{deadline_of_wall_ms, QueueExpiry, NEVER};
@@ -131,6 +132,8 @@ pub struct ClassicQueue {
     /// `x-single-active-consumer`: only `consumers[0]` receives messages.
     /// A queue argument only, never a policy key, as in RabbitMQ 3.10.
     single_active_consumer: bool,
+    /// What happened to messages here, for the management API.
+    counters: MessageCounters,
     /// This queue, for the work that outlives a call: the pager's and the
     /// timer's, deliveries and the sync thread's signals.
     this: Weak<ClassicQueue>,
@@ -174,6 +177,7 @@ impl ClassicQueue {
             dead_letter: spec.dead_letter,
             host: spec.host,
             single_active_consumer,
+            counters: MessageCounters::default(),
             this: this.clone(),
         })
     }
@@ -346,6 +350,10 @@ impl Queue for ClassicQueue {
             ready_bytes: state.ready_bytes,
             consumers: state.consumers.len() as u32,
         }
+    }
+
+    fn counts(&self) -> MessageCounts {
+        self.counters.counts()
     }
 
     fn message_count(&self) -> u32 {

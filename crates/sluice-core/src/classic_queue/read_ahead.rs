@@ -104,6 +104,7 @@ impl ClassicQueue {
             }
         }
         state.forget_paged([&paged]);
+        self.counters.dropped.add(1);
         true
     }
 

@@ -20,12 +20,17 @@ impl ClassicQueue {
     /// skipped.
     pub(super) fn settle_with(self: &Arc<Self>, messages: &[MessageId], dead: Option<DeathReason>) {
         let mut state = self.lock();
+        let settled_as = dead;
         let dead = dead.filter(|_| self.dead_letter.is_some());
         for offset in messages {
             let Some(entry) = state.unacked.remove(*offset) else {
                 continue;
             };
             state.forget([&entry]);
+            match settled_as {
+                None => self.counters.acked.add(1),
+                Some(_) => self.counters.dropped.add(1),
+            }
             if let Some(reason) = dead {
                 state.dead_letters.push(DeadLetter {
                     message: entry.message,
@@ -80,6 +85,7 @@ impl ClassicQueue {
     pub(super) fn purge_ready(self: &Arc<Self>) -> u32 {
         let mut state = self.lock();
         let purged = state.ready_count() as u32;
+        self.counters.dropped.add(u64::from(purged));
         let ready = state.ready.take_all();
         state.forget(&ready);
         let paged = std::mem::take(&mut state.paged);

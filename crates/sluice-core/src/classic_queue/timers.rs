@@ -129,6 +129,7 @@ impl ClassicQueue {
                     break;
                 };
                 state.forget([&entry]);
+                self.counters.dropped.add(1);
                 if self.dead_letter.is_some() {
                     state.dead_letters.push(DeadLetter {
                         message: entry.message,

@@ -10,6 +10,7 @@ mod publish;
 mod queue_host;
 mod recovery;
 mod routing;
+mod topology;
 
 pub use publish::{PublishScratch, Published};
 pub use routing::{RouteScratch, ROUTING_EXCHANGE_HOPS_MAX};
@@ -24,6 +25,7 @@ use crate::arguments::{
     check_equivalence, check_exchange_name_argument, check_queue_arguments, inequivalent_flag,
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
+use crate::counters::{MessageCounts, ShardedCounters};
 use crate::definitions::{
     BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition, VhostDefinitions,
 };
@@ -36,6 +38,7 @@ use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOp
 use crate::queue_factory::{create_queue, QueueSpec};
 use crate::reply_to::ReplyRegistry;
 use sluice_wire::reply_code::ReplyCode;
+use topology::{TopologyVersion, TopologyWrite};
 
 pub struct Exchange {
     pub name: Arc<str>,
@@ -109,8 +112,8 @@ pub struct VirtualHost {
     pub name: Arc<str>,
     /// Fixed at start: loaded from the definitions file.
     policies: VhostPolicies,
-    exchanges: RwLock<HashMap<Arc<str>, Arc<Exchange>>>,
-    queues: RwLock<HashMap<Arc<str>, Arc<dyn Queue>>>,
+    exchanges: RwLock<ExchangeTable>,
+    queues: RwLock<QueueTable>,
     /// Where durable definitions and queue journals go; None keeps
     /// everything in memory.
     store: Option<Arc<DefinitionStore>>,
@@ -122,6 +125,12 @@ pub struct VirtualHost {
     /// Direct reply-to consumers of the node: a reply published to the
     /// default exchange under a reply name reaches one of them.
     reply_to: Arc<ReplyRegistry>,
+    /// Moves on with every change to exchanges, queues or bindings, so
+    /// that publishers' cached routes are computed again.
+    topology: TopologyVersion,
+    /// What happened to messages in this vhost: publishes counted by the
+    /// pipeline, deliveries, acks and confirms by the channels.
+    counters: ShardedCounters,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -132,6 +141,9 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+type ExchangeTable = HashMap<Arc<str>, Arc<Exchange>>;
+type QueueTable = HashMap<Arc<str>, Arc<dyn Queue>>;
 
 impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
@@ -163,6 +175,8 @@ impl VirtualHost {
             this: this.clone(),
             dead_letter_warnings: Mutex::new(HashSet::new()),
             reply_to,
+            topology: TopologyVersion::default(),
+            counters: ShardedCounters::default(),
         });
         let standard = [
             ("", ExchangeKind::Direct),
@@ -187,6 +201,27 @@ impl VirtualHost {
             }
         }
         vhost
+    }
+
+    /// Where channels count what happens to this vhost's messages.
+    pub fn counters(&self) -> &ShardedCounters {
+        &self.counters
+    }
+
+    /// What happened to this vhost's messages so far.
+    pub fn counts(&self) -> MessageCounts {
+        self.counters.counts()
+    }
+
+    /// The exchange table, to change it: the topology version moves on
+    /// when the guard is released.
+    fn exchanges_mut(&self) -> TopologyWrite<'_, RwLockWriteGuard<'_, ExchangeTable>> {
+        self.topology.write(write(&self.exchanges))
+    }
+
+    /// The queue table, to change it (see [`Self::exchanges_mut`]).
+    fn queues_mut(&self) -> TopologyWrite<'_, RwLockWriteGuard<'_, QueueTable>> {
+        self.topology.write(write(&self.queues))
     }
 
     fn new_exchange(&self, spec: ExchangeSpec<'_>) -> Exchange {
@@ -300,7 +335,7 @@ impl VirtualHost {
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
-        let mut exchanges = write(&self.exchanges);
+        let mut exchanges = self.exchanges_mut();
         if let Some(existing) = exchanges.get(name) {
             let what = self.describe_exchange(name);
             if existing.kind != kind {
@@ -376,7 +411,7 @@ impl VirtualHost {
                 self.describe_exchange(name)
             )));
         }
-        let mut exchanges = write(&self.exchanges);
+        let mut exchanges = self.exchanges_mut();
         let Some(exchange) = exchanges.get(name).cloned() else {
             return Ok(()); // deleting a missing exchange succeeds, as in RabbitMQ 3.x
         };
@@ -449,7 +484,7 @@ impl VirtualHost {
                 declaration.name
             )));
         }
-        let mut queues = write(&self.queues);
+        let mut queues = self.queues_mut();
         if !declaration.name.is_empty() {
             if let Some(existing) = queues.get(declaration.name) {
                 existing.check_access(connection_id)?;
@@ -578,7 +613,7 @@ impl VirtualHost {
     /// exclusive owner gone, queue.delete).
     pub fn remove_queue(&self, queue: &Arc<dyn Queue>) -> (u32, Vec<Arc<Consumer>>) {
         {
-            let mut queues = write(&self.queues);
+            let mut queues = self.queues_mut();
             match queues.get(queue.name()) {
                 Some(current) if same_queue(current, queue) => {
                     queues.remove(queue.name());
@@ -587,7 +622,7 @@ impl VirtualHost {
             }
         }
         let (consumers, dropped) = queue.delete();
-        let mut exchanges = write(&self.exchanges);
+        let mut exchanges = self.exchanges_mut();
         let emptied = Self::remove_destination_locked(
             &exchanges,
             &Destination::Queue(Arc::clone(queue.name())),
@@ -659,7 +694,7 @@ impl VirtualHost {
             routing_key: routing_key.to_owned(),
             arguments,
         };
-        let result = exchange.routing_mut().bind(binding);
+        let result = self.topology.write(exchange.routing_mut()).bind(binding);
         let added = result.map_err(AmqpError::precondition_failed)?;
         if added && exchange.durable {
             self.persist();
@@ -686,11 +721,11 @@ impl VirtualHost {
             arguments,
         };
         let now_empty = {
-            let mut routing = exchange.routing_mut();
+            let mut routing = self.topology.write(exchange.routing_mut());
             routing.unbind(&binding) && routing.is_empty()
         };
         if now_empty && exchange.auto_delete {
-            let mut exchanges = write(&self.exchanges);
+            let mut exchanges = self.exchanges_mut();
             Self::delete_auto_delete_exchanges(&mut exchanges, vec![Arc::clone(&exchange.name)]);
         }
         if exchange.durable {

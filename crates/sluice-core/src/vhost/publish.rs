@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use amq_protocol::types::FieldTable;
+use bytes::Bytes;
 use sluice_wire::content::RawProperties;
 
 use super::routing::RouteScratch;
@@ -20,10 +21,26 @@ use crate::reply_to::token_of;
 use crate::sender_selected::{header_routes, may_have_header_routes, without_bcc};
 
 /// Buffers a publisher reuses from one message to the next, so routing and
-/// enqueueing allocate nothing in the common case.
+/// enqueueing allocate nothing in the common case, and the route of its
+/// last message, reused while the vhost's topology stands still.
 #[derive(Default)]
 pub struct PublishScratch {
     route: RouteScratch,
+    /// Queues of a message routed by its headers, which is not cached.
+    queues: Vec<Arc<dyn Queue>>,
+    last: Option<LastRoute>,
+}
+
+/// The exchange a publisher last published to, and the queues its last
+/// routing key led to there, as of topology version `version`. One entry:
+/// a publisher mostly sends to one exchange and key, and one that varies
+/// them pays a comparison of the key for the miss.
+struct LastRoute {
+    version: u64,
+    exchange: Arc<Exchange>,
+    /// The key `queues` are for; None until a message routed by its key
+    /// alone computed them.
+    routing_key: Option<Bytes>,
     queues: Vec<Arc<dyn Queue>>,
 }
 
@@ -40,24 +57,91 @@ pub struct Published {
 }
 
 impl VirtualHost {
-    /// Routes `message` from `exchange` and enqueues it into every queue it
-    /// lands in. Queues that are congested after taking it are added to
-    /// `congested` (each once): the publisher's connection pauses until they
-    /// drain.
+    /// Checks the exchange a publish names, as RabbitMQ does first: 404
+    /// when missing, 403 when internal. It is kept in `scratch` for the
+    /// publish that follows.
     ///
     /// # Errors
+    /// 404 NOT_FOUND or 403 ACCESS_REFUSED.
+    pub fn check_publish_exchange(
+        &self,
+        exchange_name: &[u8],
+        scratch: &mut PublishScratch,
+    ) -> AmqpResult<()> {
+        self.publish_exchange(exchange_name, &mut scratch.last)
+            .map(drop)
+    }
+
+    /// The exchange named `name`, from `scratch` while the topology has not
+    /// changed since it was looked up.
+    fn publish_exchange<'a>(
+        &self,
+        name: &[u8],
+        cached: &'a mut Option<LastRoute>,
+    ) -> AmqpResult<&'a mut LastRoute> {
+        let version = self.topology.current();
+        let hit = cached
+            .as_ref()
+            .is_some_and(|last| last.version == version && last.exchange.name.as_bytes() == name);
+        if !hit {
+            let exchange = self.exchange_for_publish(name)?;
+            let mut queues = cached.take().map(|last| last.queues).unwrap_or_default();
+            queues.clear();
+            *cached = Some(LastRoute {
+                version,
+                exchange,
+                routing_key: None,
+                queues,
+            });
+        }
+        Ok(cached.as_mut().expect("set above"))
+    }
+
+    /// Routes `message`, published to the exchange named `exchange_name`
+    /// (with basic.publish's `mandatory`, for the counts), and enqueues it
+    /// into every queue it lands in. Queues that are
+    /// congested after taking it are added to `congested` (each once): the
+    /// publisher's connection pauses until they drain.
+    ///
+    /// # Errors
+    /// 404 or 403 for the exchange (see [`Self::check_publish_exchange`]);
     /// 406 PRECONDITION_FAILED for `CC` or `BCC` headers that are not
     /// arrays of strings, as RabbitMQ refuses them.
     pub fn publish(
         &self,
-        exchange: &Arc<Exchange>,
+        exchange_name: &[u8],
         message: Arc<Message>,
+        mandatory: bool,
         scratch: &mut PublishScratch,
         congested: &mut Vec<Arc<dyn Queue>>,
     ) -> AmqpResult<Published> {
-        let message = self.route_message(exchange, message, scratch)?;
-        let routed = !scratch.queues.is_empty();
-        if !routed && exchange.is_default() {
+        let header_routed = may_have_header_routes(&message.properties);
+        let last = self.publish_exchange(exchange_name, &mut scratch.last)?;
+        let headers_exchange = last.exchange.kind == ExchangeKind::Headers;
+        let reads_headers = headers_exchange && message.properties.has_headers();
+        let (message, queues, is_default) = if !header_routed && !reads_headers {
+            if last.routing_key.as_ref() != Some(&message.routing_key) {
+                let LastRoute {
+                    exchange, queues, ..
+                } = &mut *last;
+                self.route(
+                    exchange,
+                    &message.routing_key,
+                    None,
+                    &mut scratch.route,
+                    queues,
+                );
+                last.routing_key = Some(message.routing_key.clone());
+            }
+            (message, &last.queues, last.exchange.is_default())
+        } else {
+            let exchange = Arc::clone(&last.exchange);
+            let message =
+                self.route_by_headers(&exchange, message, &mut scratch.route, &mut scratch.queues)?;
+            (message, &scratch.queues, exchange.is_default())
+        };
+        let routed = !queues.is_empty();
+        if !routed && is_default {
             // A reply to a direct reply-to name reaches its consumer, or is
             // dropped when that channel is gone. Either way it counts as
             // routed to no queue, so mandatory still returns it, as in
@@ -66,16 +150,13 @@ impl VirtualHost {
                 self.reply_to.deliver(token, &message);
             }
         }
-        let mut ticket = ConfirmTicket::default();
-        for queue in scratch.queues.drain(..) {
-            match queue.publish(Arc::clone(&message)) {
-                PublishOutcome::Enqueued => {}
-                PublishOutcome::Pending(safety) => ticket.wait_for(safety),
-                PublishOutcome::Rejected => ticket.refuse(),
-            }
-            if queue.is_congested() && !congested.iter().any(|known| same_queue(known, &queue)) {
-                congested.push(queue);
-            }
+        let ticket = enqueue(&message, queues, congested);
+        let counters = self.counters.local();
+        counters.count_publish(message.body_size());
+        match (routed, mandatory) {
+            (true, _) => counters.routed.add(1),
+            (false, true) => counters.returned_unroutable.add(1),
+            (false, false) => counters.dropped_unroutable.add(1),
         }
         Ok(Published {
             message,
@@ -84,35 +165,24 @@ impl VirtualHost {
         })
     }
 
-    /// Fills `scratch.queues` with the queues `message` lands in, and
-    /// returns the message as they take it. Headers are decoded only when
-    /// something reads them: the headers exchange, or `CC` and `BCC`, which
-    /// add routing keys (and `BCC` is stripped). Other messages with headers
-    /// pass as they came.
-    fn route_message(
+    /// Fills `scratch.queues` with the queues a message lands in when its
+    /// headers take part: the headers exchange, or `CC` and `BCC`, which add
+    /// routing keys (and `BCC` is stripped). Returns the message as they
+    /// take it. Other messages with headers pass as they came, without
+    /// their headers decoded.
+    fn route_by_headers(
         &self,
         exchange: &Arc<Exchange>,
         message: Arc<Message>,
-        scratch: &mut PublishScratch,
+        route: &mut RouteScratch,
+        queues: &mut Vec<Arc<dyn Queue>>,
     ) -> AmqpResult<Arc<Message>> {
         let header_routed = may_have_header_routes(&message.properties);
-        let headers_exchange = exchange.kind == ExchangeKind::Headers;
-        let reads_headers = headers_exchange && message.properties.has_headers();
-        if !header_routed && !reads_headers {
-            self.route(
-                exchange,
-                &message.routing_key,
-                None,
-                &mut scratch.route,
-                &mut scratch.queues,
-            );
-            return Ok(message);
-        }
         let decoded = message.properties.decode().ok();
         let headers = decoded
             .as_ref()
             .and_then(|properties| properties.headers().as_ref());
-        let routing_headers = headers.filter(|_| headers_exchange);
+        let routing_headers = headers.filter(|_| exchange.kind == ExchangeKind::Headers);
         let header_keys = match headers.filter(|_| header_routed) {
             Some(headers) => header_routes(headers.inner())?,
             None => Vec::new(),
@@ -120,13 +190,7 @@ impl VirtualHost {
         let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + header_keys.len());
         keys.push(&message.routing_key);
         keys.extend(header_keys.iter().map(|key| &key[..]));
-        self.route_keys(
-            exchange,
-            &keys,
-            routing_headers,
-            &mut scratch.route,
-            &mut scratch.queues,
-        );
+        self.route_keys(exchange, &keys, routing_headers, route, queues);
         let kept = headers
             .filter(|_| header_routed)
             .and_then(without_bcc)
@@ -136,6 +200,26 @@ impl VirtualHost {
             None => message,
         })
     }
+}
+
+/// Offers `message` to each of `queues` and gathers their word on it.
+fn enqueue(
+    message: &Arc<Message>,
+    queues: &[Arc<dyn Queue>],
+    congested: &mut Vec<Arc<dyn Queue>>,
+) -> ConfirmTicket {
+    let mut ticket = ConfirmTicket::default();
+    for queue in queues {
+        match queue.publish(Arc::clone(message)) {
+            PublishOutcome::Enqueued => {}
+            PublishOutcome::Pending(safety) => ticket.wait_for(safety),
+            PublishOutcome::Rejected => ticket.refuse(),
+        }
+        if queue.is_congested() && !congested.iter().any(|known| same_queue(known, queue)) {
+            congested.push(Arc::clone(queue));
+        }
+    }
+    ticket
 }
 
 /// The message with its headers replaced by `kept` (the `BCC` header gone).

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{write, ExchangeSpec, VirtualHost};
+use super::{ExchangeSpec, VirtualHost};
 use crate::definitions::VhostDefinitions;
 use crate::exchange::{Destination, ExchangeKind};
 use crate::queue::QueueOptions;
@@ -17,7 +17,7 @@ impl VirtualHost {
             return;
         }
         {
-            let mut exchanges = write(&self.exchanges);
+            let mut exchanges = self.exchanges_mut();
             for definition in &definitions.exchanges {
                 let Some(kind) = ExchangeKind::parse(&definition.kind) else {
                     tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
@@ -36,7 +36,7 @@ impl VirtualHost {
         }
         let mut recovered_queues = Vec::with_capacity(definitions.queues.len());
         {
-            let mut queues = write(&self.queues);
+            let mut queues = self.queues_mut();
             for definition in &definitions.queues {
                 let effective =
                     self.effective_queue_arguments(&definition.name, &definition.arguments);
