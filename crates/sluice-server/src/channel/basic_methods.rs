@@ -1,0 +1,252 @@
+//! basic.qos, consume, cancel, get and recover, and the channel's
+//! consumers.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use amq_protocol::protocol::{basic, AMQPClass};
+use sluice_core::arguments::{as_integer, check_consume_arguments};
+use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::queue::{Consumer, Queue};
+use sluice_core::reply_to::REPLY_TO_QUEUE;
+
+use super::{Channel, ChannelConsumer, ReplyConsumer};
+use crate::connection_context::ConnectionContext;
+
+impl Channel {
+    pub(super) fn handle_basic_method(
+        &mut self,
+        context: &ConnectionContext,
+        method: basic::AMQPMethod,
+    ) -> AmqpResult<()> {
+        match method {
+            basic::AMQPMethod::Qos(qos) => {
+                if qos.global {
+                    self.deliveries
+                        .set_channel_prefetch(qos.prefetch_count as u32);
+                } else {
+                    self.consumer_prefetch = qos.prefetch_count as u32;
+                }
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
+                self.dispatch_consumer_queues();
+            }
+            basic::AMQPMethod::Consume(consume) => self.consume(context, consume)?,
+            basic::AMQPMethod::Cancel(cancel) => self.cancel(context, cancel),
+            basic::AMQPMethod::Get(get) => self.get(context, get)?,
+            basic::AMQPMethod::Recover(recover) => {
+                if !recover.requeue {
+                    return Err(AmqpError::not_implemented("requeue=false"));
+                }
+                // recover-ok goes before the redeliveries, as in RabbitMQ:
+                // clients such as lapin drop deliveries they hold when
+                // recover-ok arrives, expecting the redeliveries after it.
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                );
+                self.recover(true)?;
+            }
+            basic::AMQPMethod::RecoverAsync(recover) => self.recover(recover.requeue)?,
+            other => {
+                return Err(AmqpError::command_invalid(format!(
+                    "unexpected method basic.{}",
+                    AMQPClass::Basic(other).get_amqp_method_id()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// basic.cancel: of the reply-to consumer or of a queue's. Cancelling
+    /// an unknown tag succeeds, as in RabbitMQ.
+    fn cancel(&mut self, context: &ConnectionContext, cancel: basic::Cancel) {
+        let tag = cancel.consumer_tag.as_str();
+        if self
+            .reply_consumer
+            .as_ref()
+            .is_some_and(|consumer| consumer.tag.as_ref() == tag)
+        {
+            self.cancel_reply_consumer(context);
+        } else if let Some(queue) = self.cancel_consumer(context, tag) {
+            // Its unacked messages stay with the channel (basic.cancel
+            // does not requeue them): the new active consumer takes
+            // the ready ones now.
+            queue.dispatch();
+        }
+        if !cancel.nowait {
+            self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                    consumer_tag: cancel.consumer_tag,
+                })),
+            );
+        }
+    }
+
+    /// basic.get: get-ok with the head message, or get-empty.
+    fn get(&mut self, context: &ConnectionContext, get: basic::Get) -> AmqpResult<()> {
+        let name = self.queue_name(get.queue.as_str())?;
+        let queue = context.vhost.queue(&name, context.connection_id)?;
+        match queue.get(get.no_ack) {
+            Some((entry, message_count)) => {
+                self.deliveries
+                    .deliver_get(&queue, entry, message_count, get.no_ack)
+            }
+            None => self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+            ),
+        }
+        Ok(())
+    }
+
+    /// The tag a consumer gets: the one asked for, or a fresh
+    /// `amq.ctag-…` one that no consumer of this channel has.
+    fn consumer_tag(&mut self, context: &ConnectionContext, requested: &str) -> Arc<str> {
+        if !requested.is_empty() {
+            return Arc::from(requested);
+        }
+        loop {
+            let candidate = format!(
+                "amq.ctag-{}-{}",
+                context.connection_id, self.next_consumer_tag
+            );
+            self.next_consumer_tag += 1;
+            if !self.consumers.contains_key(candidate.as_str()) {
+                break Arc::from(candidate);
+            }
+        }
+    }
+
+    pub(super) fn consume(
+        &mut self,
+        context: &ConnectionContext,
+        consume: basic::Consume,
+    ) -> AmqpResult<()> {
+        if consume.queue.as_str() == REPLY_TO_QUEUE {
+            return self.consume_replies(context, consume);
+        }
+        // A reused tag is refused before the queue is looked up, as in
+        // RabbitMQ.
+        let tag = self.consumer_tag(context, consume.consumer_tag.as_str());
+        if self.consumers.contains_key(&tag) {
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{tag}'"
+            )));
+        }
+        let name = self.queue_name(consume.queue.as_str())?;
+        let queue = context.vhost.queue(&name, context.connection_id)?;
+        check_consume_arguments(
+            &consume.arguments,
+            &format!("queue '{}' in vhost '{}'", queue.name(), queue.vhost_name()),
+        )?;
+        // Validated as an integer; RabbitMQ accepts any width, so a priority
+        // beyond i32 is clamped rather than refused.
+        let priority = consume
+            .arguments
+            .inner()
+            .get("x-priority")
+            .and_then(as_integer)
+            .map_or(0, |priority| {
+                priority.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+            });
+        let consumer = Arc::new(Consumer {
+            tag: Arc::clone(&tag),
+            channel_id: self.id,
+            connection_id: context.connection_id,
+            no_ack: consume.no_ack,
+            exclusive: consume.exclusive,
+            priority,
+            prefetch_count: self.consumer_prefetch,
+            unacked: AtomicU32::new(0),
+            sink: self.deliveries.clone(),
+        });
+        queue.add_consumer(consumer, &mut || {
+            if !consume.nowait {
+                self.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                        consumer_tag: tag.as_ref().into(),
+                    })),
+                );
+            }
+        })?;
+        self.consumers.insert(
+            Arc::clone(&tag),
+            ChannelConsumer {
+                queue: Arc::clone(&queue),
+            },
+        );
+        queue.dispatch();
+        Ok(())
+    }
+
+    /// basic.consume on `amq.rabbitmq.reply-to`, with RabbitMQ's checks in
+    /// RabbitMQ's order.
+    pub(super) fn consume_replies(
+        &mut self,
+        context: &ConnectionContext,
+        consume: basic::Consume,
+    ) -> AmqpResult<()> {
+        let requested = consume.consumer_tag.as_str();
+        if self.consumers.contains_key(requested) {
+            return Err(AmqpError::not_allowed(format!(
+                "attempt to reuse consumer tag '{requested}'"
+            )));
+        }
+        if !consume.no_ack {
+            return Err(AmqpError::precondition_failed(
+                "reply consumer cannot acknowledge",
+            ));
+        }
+        if self.reply_consumer.is_some() {
+            return Err(AmqpError::precondition_failed("reply consumer already set"));
+        }
+        let tag = self.consumer_tag(context, requested);
+        let token = context
+            .broker
+            .reply_to
+            .register(Arc::clone(&tag), self.deliveries.clone());
+        self.reply_consumer = Some(ReplyConsumer {
+            tag: Arc::clone(&tag),
+            token,
+        });
+        if !consume.nowait {
+            self.reply(
+                context,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: tag.as_ref().into(),
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn cancel_reply_consumer(&mut self, context: &ConnectionContext) {
+        if let Some(consumer) = self.reply_consumer.take() {
+            context.broker.reply_to.unregister(&consumer.token);
+        }
+    }
+
+    /// Removes a consumer from its queue. Returns the queue when it is a
+    /// single-active-consumer queue whose active consumer this was: the
+    /// caller dispatches it, after requeueing what is to be requeued.
+    pub(super) fn cancel_consumer(
+        &mut self,
+        context: &ConnectionContext,
+        tag: &str,
+    ) -> Option<Arc<dyn Queue>> {
+        // Cancelling an unknown tag succeeds, as in RabbitMQ.
+        let entry = self.consumers.remove(tag)?;
+        let removed = entry
+            .queue
+            .remove_consumer(context.connection_id, self.id, tag)?;
+        if removed.queue_now_unused {
+            context.vhost.remove_queue(&entry.queue);
+        }
+        removed.active_consumer_changed.then_some(entry.queue)
+    }
+}
