@@ -13,9 +13,10 @@ use sluice_core::error::AmqpError;
 use sluice_core::queue::{same_queue, Queue};
 use sluice_wire::content::decode_content_header;
 use sluice_wire::encode::encode_control;
-use sluice_wire::frame::{Frame, FrameType};
+use sluice_wire::frame::{Frame, FrameError, FrameType};
 use sluice_wire::method::{decode_method, Method, MethodError};
 use sluice_wire::reply_code::ReplyCode;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -24,7 +25,7 @@ use crate::channel::Channel;
 use crate::connection_context::ConnectionContext;
 use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::frame_reader::{FrameReader, ReadError};
-use crate::handshake::{handshake, refuse, HandshakeError};
+use crate::handshake::{handshake, refuse, HandshakeError, Negotiated};
 use crate::in_flight::InFlightBytes;
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
 use crate::outbox::{Outbox, WakeBatch};
@@ -100,26 +101,15 @@ pub async fn serve(
     let _ = stream.set_nodelay(settings.nodelay);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = FrameReader::new(read_half, settings.frame_max);
-    // A connection still in its handshake has nothing to close politely: on
-    // shutdown it is dropped, so stopping never waits out handshake_timeout.
-    let handshake_result = tokio::select! {
-        result = handshake(&mut reader, &mut write_half, peer, &broker, &settings) => result,
-        _ = shutdown_requested(&mut shutdown) => {
-            tracing::info!(%peer, "shutting down: connection dropped during its handshake");
-            return;
-        }
-    };
-    let negotiated = match handshake_result {
-        Ok(negotiated) => negotiated,
-        Err(HandshakeError::Refused(error, class_id, method_id)) => {
-            tracing::info!(%peer, %error, "connection refused during handshake");
-            refuse(&mut reader, &mut write_half, &error, class_id, method_id).await;
-            return;
-        }
-        Err(error) => {
-            tracing::info!(%peer, %error, "handshake failed");
-            return;
-        }
+    let negotiated = negotiate(
+        &mut reader,
+        &mut write_half,
+        peer,
+        (&broker, &settings),
+        &mut shutdown,
+    );
+    let Some(negotiated) = negotiated.await else {
+        return;
     };
     let connection_id = broker.next_connection_id();
     tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
@@ -135,18 +125,7 @@ pub async fn serve(
     reader.count_into(Arc::clone(&stats));
     let outbox = Outbox::new(in_flight, Arc::clone(&stats));
     let consumer_queues: Arc<Mutex<Vec<Arc<dyn Queue>>>> = Arc::new(Mutex::new(Vec::new()));
-    let resume_queues = Arc::clone(&consumer_queues);
-    let writer = tokio::spawn(
-        Arc::clone(&outbox).run_writer(write_half, heartbeat, move || {
-            let queues: Vec<Arc<dyn Queue>> = resume_queues
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone();
-            for queue in queues {
-                queue.dispatch();
-            }
-        }),
-    );
+    let writer = spawn_writer(&outbox, write_half, heartbeat, &consumer_queues);
     let mut connection = Connection {
         context: ConnectionContext {
             connection_id,
@@ -177,10 +156,73 @@ pub async fn serve(
     connection.release();
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
-    // Like RabbitMQ's reader in its `closed` state: discard what the client
-    // still sends (late acks from consumer threads) until it closes the
-    // socket, so that closing with unread bytes does not reset the
-    // connection under the client.
+    linger_until_client_closes(&mut reader, &mut shutdown).await;
+    tracing::info!(%peer, connection_id, "connection closed");
+}
+
+/// Starts the connection's writer task. When it has drained a buffer that
+/// refused deliveries, it asks the queues of the connection's consumers to
+/// dispatch again.
+fn spawn_writer(
+    outbox: &Arc<Outbox>,
+    write_half: OwnedWriteHalf,
+    heartbeat: Option<Duration>,
+    consumer_queues: &Arc<Mutex<Vec<Arc<dyn Queue>>>>,
+) -> tokio::task::JoinHandle<()> {
+    let resume_queues = Arc::clone(consumer_queues);
+    tokio::spawn(
+        Arc::clone(outbox).run_writer(write_half, heartbeat, move || {
+            let queues: Vec<Arc<dyn Queue>> = resume_queues
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone();
+            for queue in queues {
+                queue.dispatch();
+            }
+        }),
+    )
+}
+
+/// Runs the handshake; None when it failed or was refused (the client told
+/// why where the protocol lets it), or shutdown came first. A connection
+/// still in its handshake has nothing to close politely: on shutdown it is
+/// dropped, so stopping never waits out handshake_timeout.
+async fn negotiate(
+    reader: &mut FrameReader,
+    write_half: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    (broker, settings): (&Arc<Broker>, &Arc<ServerSettings>),
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Negotiated> {
+    let handshake_result = tokio::select! {
+        result = handshake(reader, write_half, peer, broker, settings) => result,
+        _ = shutdown_requested(shutdown) => {
+            tracing::info!(%peer, "shutting down: connection dropped during its handshake");
+            return None;
+        }
+    };
+    match handshake_result {
+        Ok(negotiated) => Some(negotiated),
+        Err(HandshakeError::Refused(error, class_id, method_id)) => {
+            tracing::info!(%peer, %error, "connection refused during handshake");
+            refuse(reader, write_half, &error, class_id, method_id).await;
+            None
+        }
+        Err(error) => {
+            tracing::info!(%peer, %error, "handshake failed");
+            None
+        }
+    }
+}
+
+/// Like RabbitMQ's reader in its `closed` state: discards what the client
+/// still sends (late acks from consumer threads) until it closes the
+/// socket, so that closing with unread bytes does not reset the connection
+/// under the client. Not at all when the node is shutting down.
+async fn linger_until_client_closes(
+    reader: &mut FrameReader,
+    shutdown: &mut watch::Receiver<bool>,
+) {
     let linger = Duration::from_millis(if *shutdown.borrow() {
         0
     } else {
@@ -202,7 +244,78 @@ pub async fn serve(
         _ = tokio::time::timeout(linger, discard_until_client_closes) => {}
         _ = shutdown.changed() => {}
     }
-    tracing::info!(%peer, connection_id, "connection closed");
+}
+
+/// How a batch of buffered frames ended.
+enum Batch {
+    /// Every buffered frame was handled.
+    Drained,
+    /// The publish credit was spent with frames left.
+    CreditSpent,
+    /// The connection's close completed.
+    Finished,
+    /// The bytes no longer split into frames.
+    Unframed(FrameError),
+}
+
+/// A heartbeat frame is valid only empty and on channel 0. As RabbitMQ: a
+/// heartbeat with a payload is not a frame it knows (501); one on a channel
+/// is out of place (505, where the specification says 501).
+fn check_heartbeat(frame: &Frame) -> Flow {
+    if !frame.payload.is_empty() {
+        return Flow::CloseWith(
+            AmqpError::frame_error(format!(
+                "heartbeat frame with a payload of {} bytes",
+                frame.payload.len()
+            )),
+            0,
+            0,
+        );
+    }
+    if frame.channel != 0 {
+        return Flow::CloseWith(
+            AmqpError::unexpected_frame(format!("heartbeat frame on channel {}", frame.channel)),
+            0,
+            0,
+        );
+    }
+    Flow::Continue
+}
+
+/// A method arrived where content frames were due: RabbitMQ's command
+/// assembler names the publish whose content was cut short, not the method
+/// that interrupted it, in its words for the two states.
+fn content_cut_short(channel: &Channel) -> Flow {
+    let text = if channel.expects_content_body() {
+        "expected content body, got non content body frame instead"
+    } else {
+        "expected content header for class 60, got non content header frame instead"
+    };
+    Flow::CloseWith(AmqpError::unexpected_frame(text), 60, 40)
+}
+
+/// Decodes a method frame; a method that cannot be decoded closes the
+/// connection, naming it where it can.
+fn decode_method_frame(frame: &Frame) -> Result<Method, Flow> {
+    decode_method(&frame.payload).map_err(|error| match error {
+        MethodError::Unknown {
+            class_id,
+            method_id,
+        } => Flow::CloseWith(
+            AmqpError::not_implemented(error.to_string()),
+            class_id,
+            method_id,
+        ),
+        MethodError::Malformed {
+            class_id,
+            method_id,
+        } => Flow::CloseWith(
+            AmqpError::frame_error(error.to_string()),
+            class_id,
+            method_id,
+        ),
+        error => Flow::CloseWith(AmqpError::frame_error(error.to_string()), 0, 0),
+    })
 }
 
 /// Resolves once shutdown is asked for; never, if the server handle is gone
@@ -219,32 +332,19 @@ impl Connection {
             // Handle every frame already read, then flush their confirms;
             // writers woken by it all are woken once, at the end.
             let wake_batch = WakeBatch::begin();
-            self.publishes_in_batch = 0;
-            let mut credit_spent = false;
-            loop {
-                if self.publishes_in_batch >= self.publish_credit {
-                    credit_spent = true;
-                    break;
+            let credit_spent = match self.handle_buffered_frames(reader) {
+                Batch::Drained => false,
+                Batch::CreditSpent => true,
+                Batch::Finished => return,
+                Batch::Unframed(error) => {
+                    self.flush_confirms();
+                    self.start_close(&AmqpError::frame_error(error.to_string()), 0, 0);
+                    // The stream is no longer framed: nothing more can be read.
+                    drop(wake_batch);
+                    self.wait_for_writer().await;
+                    return;
                 }
-                match reader.next_buffered() {
-                    Ok(Some(frame)) => match self.handle_frame(frame) {
-                        Flow::Continue => {}
-                        Flow::CloseWith(error, class_id, method_id) => {
-                            self.start_close(&error, class_id, method_id)
-                        }
-                        Flow::Finished => return,
-                    },
-                    Ok(None) => break,
-                    Err(error) => {
-                        self.flush_confirms();
-                        self.start_close(&AmqpError::frame_error(error.to_string()), 0, 0);
-                        // The stream is no longer framed: nothing more can be read.
-                        drop(wake_batch);
-                        self.wait_for_writer().await;
-                        return;
-                    }
-                }
-            }
+            };
             self.flush_confirms();
             drop(wake_batch);
             if !self.wait_while_congested(shutdown).await {
@@ -271,43 +371,78 @@ impl Connection {
             if credit_spent {
                 continue;
             }
-            let timeout = if self.closing {
-                Some(Duration::from_millis(CLOSE_OK_TIMEOUT_MS))
-            } else {
-                self.heartbeat.map(|interval| interval * 2)
-            };
-            tokio::select! {
-                read = reader.fill(timeout) => match read {
-                    Ok(_) => {}
-                    Err(ReadError::Timeout(limit)) => {
-                        if !self.closing {
-                            tracing::warn!(peer = %self.peer, "missed heartbeats from client, timeout: {}s", limit.as_secs() / 2);
-                        }
-                        return;
-                    }
-                    Err(ReadError::Closed) => {
-                        if !self.closing {
-                            tracing::info!(peer = %self.peer, "client closed the TCP connection without connection.close");
-                        }
-                        return;
-                    }
-                    Err(ReadError::Io(error)) => {
-                        tracing::info!(peer = %self.peer, %error, "connection read failed");
-                        return;
-                    }
-                },
-                _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
-                    self.flush_waiting_confirms();
-                }
-                _ = shutdown.changed(), if !self.closing => {
-                    self.start_close(
-                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                        0,
-                        0,
-                    );
-                }
+            if !self.wait_for_input(reader, shutdown).await {
+                return;
             }
         }
+    }
+
+    /// Handles the frames already read, up to the publish credit.
+    fn handle_buffered_frames(&mut self, reader: &mut FrameReader) -> Batch {
+        self.publishes_in_batch = 0;
+        loop {
+            if self.publishes_in_batch >= self.publish_credit {
+                return Batch::CreditSpent;
+            }
+            match reader.next_buffered() {
+                Ok(Some(frame)) => match self.handle_frame(frame) {
+                    Flow::Continue => {}
+                    Flow::CloseWith(error, class_id, method_id) => {
+                        self.start_close(&error, class_id, method_id)
+                    }
+                    Flow::Finished => return Batch::Finished,
+                },
+                Ok(None) => return Batch::Drained,
+                Err(error) => return Batch::Unframed(error),
+            }
+        }
+    }
+
+    /// Waits for more bytes from the client, a sync round that completes
+    /// confirms, or shutdown. False when the connection is over: the client
+    /// went silent past its heartbeats (or past our close), closed, or
+    /// failed.
+    async fn wait_for_input(
+        &mut self,
+        reader: &mut FrameReader,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let timeout = if self.closing {
+            Some(Duration::from_millis(CLOSE_OK_TIMEOUT_MS))
+        } else {
+            self.heartbeat.map(|interval| interval * 2)
+        };
+        tokio::select! {
+            read = reader.fill(timeout) => match read {
+                Ok(_) => return true,
+                Err(ReadError::Timeout(limit)) => {
+                    if !self.closing {
+                        tracing::warn!(peer = %self.peer, "missed heartbeats from client, timeout: {}s", limit.as_secs() / 2);
+                    }
+                }
+                Err(ReadError::Closed) => {
+                    if !self.closing {
+                        tracing::info!(peer = %self.peer, "client closed the TCP connection without connection.close");
+                    }
+                }
+                Err(ReadError::Io(error)) => {
+                    tracing::info!(peer = %self.peer, %error, "connection read failed");
+                }
+            },
+            _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                self.flush_waiting_confirms();
+                return true;
+            }
+            _ = shutdown.changed(), if !self.closing => {
+                self.start_close(
+                    &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                    0,
+                    0,
+                );
+                return true;
+            }
+        }
+        false
     }
 
     async fn wait_for_writer(&self) {
@@ -491,55 +626,10 @@ impl Connection {
 
     fn handle_frame(&mut self, frame: Frame) -> Flow {
         if self.closing {
-            // After our connection.close only close-ok (or a crossing close) matters.
-            if frame.frame_type == FrameType::Method && frame.channel == 0 {
-                match decode_method(&frame.payload) {
-                    Ok(Method::Control(AMQPClass::Connection(
-                        connection::AMQPMethod::CloseOk(_),
-                    ))) => return Flow::Finished,
-                    Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(
-                        _,
-                    )))) => {
-                        self.send(
-                            0,
-                            AMQPClass::Connection(connection::AMQPMethod::CloseOk(
-                                connection::CloseOk {},
-                            )),
-                        );
-                        return Flow::Finished;
-                    }
-                    _ => {}
-                }
-            }
-            return Flow::Continue;
+            return self.frame_while_closing(&frame);
         }
         match frame.frame_type {
-            FrameType::Heartbeat => {
-                // As RabbitMQ: a heartbeat with a payload is not a frame it
-                // knows (501); one on a channel is out of place (505, where
-                // the specification says 501).
-                if !frame.payload.is_empty() {
-                    return Flow::CloseWith(
-                        AmqpError::frame_error(format!(
-                            "heartbeat frame with a payload of {} bytes",
-                            frame.payload.len()
-                        )),
-                        0,
-                        0,
-                    );
-                }
-                if frame.channel != 0 {
-                    return Flow::CloseWith(
-                        AmqpError::unexpected_frame(format!(
-                            "heartbeat frame on channel {}",
-                            frame.channel
-                        )),
-                        0,
-                        0,
-                    );
-                }
-                Flow::Continue
-            }
+            FrameType::Heartbeat => check_heartbeat(&frame),
             FrameType::Method | FrameType::Header | FrameType::Body => {
                 let channel_id = frame.channel;
                 let flow = if frame.frame_type == FrameType::Method {
@@ -563,34 +653,31 @@ impl Connection {
         }
     }
 
+    /// After our connection.close only close-ok (or a crossing close)
+    /// matters.
+    fn frame_while_closing(&mut self, frame: &Frame) -> Flow {
+        if frame.frame_type != FrameType::Method || frame.channel != 0 {
+            return Flow::Continue;
+        }
+        match decode_method(&frame.payload) {
+            Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)))) => {
+                Flow::Finished
+            }
+            Ok(Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(_)))) => {
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
+                Flow::Finished
+            }
+            _ => Flow::Continue,
+        }
+    }
+
     fn handle_method_frame(&mut self, frame: Frame) -> Flow {
-        let method = match decode_method(&frame.payload) {
+        let method = match decode_method_frame(&frame) {
             Ok(method) => method,
-            Err(
-                error @ MethodError::Unknown {
-                    class_id,
-                    method_id,
-                },
-            ) => {
-                return Flow::CloseWith(
-                    AmqpError::not_implemented(error.to_string()),
-                    class_id,
-                    method_id,
-                )
-            }
-            Err(
-                error @ MethodError::Malformed {
-                    class_id,
-                    method_id,
-                },
-            ) => {
-                return Flow::CloseWith(
-                    AmqpError::frame_error(error.to_string()),
-                    class_id,
-                    method_id,
-                )
-            }
-            Err(error) => return Flow::CloseWith(AmqpError::frame_error(error.to_string()), 0, 0),
+            Err(flow) => return flow,
         };
         if frame.channel == 0 {
             return self.handle_connection_method(method);
@@ -608,34 +695,10 @@ impl Connection {
             );
         };
         if channel.closing {
-            match method {
-                Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))) => {
-                    self.channels.remove(&channel_id);
-                }
-                Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(_))) => {
-                    // The two closes crossed. Answered, but the channel
-                    // stays closing until the client's close-ok for ours, as
-                    // in RabbitMQ: forgotten now, that close-ok would land on
-                    // an unknown channel and close the whole connection.
-                    self.send(
-                        channel_id,
-                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
-                    );
-                }
-                _ => {} // dropped, as the specification asks, until close-ok
-            }
-            return Flow::Continue;
+            return self.method_on_closing_channel(channel_id, method);
         }
         if channel.expects_content() {
-            // RabbitMQ's command assembler names the publish whose content
-            // was cut short, not the method that interrupted it.
-            // RabbitMQ's command assembler's words, for the two states.
-            let text = if channel.expects_content_body() {
-                "expected content body, got non content body frame instead"
-            } else {
-                "expected content header for class 60, got non content header frame instead"
-            };
-            return Flow::CloseWith(AmqpError::unexpected_frame(text), 60, 40);
+            return content_cut_short(channel);
         }
         let context = &self.context;
         let result = match method {
@@ -681,6 +744,28 @@ impl Connection {
             Ok(()) => Flow::Continue,
             Err(error) => self.channel_error(channel_id, error, ids),
         }
+    }
+
+    /// After our channel.close only its close-ok (or a crossing close)
+    /// matters; anything else is dropped, as the specification asks.
+    fn method_on_closing_channel(&mut self, channel_id: u16, method: Method) -> Flow {
+        match method {
+            Method::Control(AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))) => {
+                self.channels.remove(&channel_id);
+            }
+            Method::Control(AMQPClass::Channel(channel::AMQPMethod::Close(_))) => {
+                // The two closes crossed. Answered, but the channel
+                // stays closing until the client's close-ok for ours, as
+                // in RabbitMQ: forgotten now, that close-ok would land on
+                // an unknown channel and close the whole connection.
+                self.send(
+                    channel_id,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
+            }
+            _ => {}
+        }
+        Flow::Continue
     }
 
     fn handle_content_frame(&mut self, frame: Frame) -> Flow {
