@@ -97,15 +97,16 @@ pub trait QueueHost: Send + Sync {
 /// calls it with its own lock held, so an implementation must not call back
 /// into any queue.
 pub trait DeliverySink: Send + Sync {
-    /// Delivers `entry` from `queue` to `consumer`; false when the consumer
-    /// cannot take it now (prefetch reached, channel flow off, output buffer
-    /// full). A sink that refuses must retry dispatch on the queues of its
-    /// consumers once it can take messages again. A delivery that needs an
-    /// ack is settled later by `entry.offset`, its [`MessageId`].
+    /// Delivers `entry` to `consumer`; false when the consumer cannot take
+    /// it now (prefetch reached, channel flow off, output buffer full). A
+    /// sink that refuses must retry dispatch on the queues of its consumers
+    /// once it can take messages again. A delivery that needs an ack is
+    /// settled later by `entry.offset`, its [`MessageId`], on the queue
+    /// `queue` hands out (called only for such a delivery).
     fn deliver(
         &self,
         consumer: &Arc<Consumer>,
-        queue: &Arc<dyn Queue>,
+        queue: &dyn Fn() -> Arc<dyn Queue>,
         entry: &QueuedMessage,
     ) -> bool;
 

@@ -328,7 +328,7 @@ impl DeliverySink for ChannelDeliveries {
     fn deliver(
         &self,
         consumer: &Arc<Consumer>,
-        queue: &Arc<dyn Queue>,
+        queue: &dyn Fn() -> Arc<dyn Queue>,
         entry: &QueuedMessage,
     ) -> bool {
         let mut state = self.lock();
@@ -358,7 +358,7 @@ impl DeliverySink for ChannelDeliveries {
             consumer.unacked.fetch_add(1, Ordering::AcqRel);
             state.unacked.push_back(Unacked {
                 delivery_tag,
-                queue: Arc::clone(queue),
+                queue: queue(),
                 message_id: entry.offset,
                 consumer: Some(Arc::clone(consumer)),
             });

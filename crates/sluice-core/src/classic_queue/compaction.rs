@@ -14,7 +14,7 @@ impl ClassicQueue {
     /// Moves the live messages out of a run of sparse old segments so the
     /// run can be deleted. Scanning happens off the lock; moving is a copy
     /// into the journal's buffer under it.
-    pub(super) fn compact(self: &Arc<Self>) {
+    pub(super) fn compact(&self) {
         let (segments, log) = {
             let state = self.lock();
             let Some(journal) = state.journal.as_ref() else {

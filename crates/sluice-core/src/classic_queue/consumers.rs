@@ -61,7 +61,7 @@ impl ClassicQueue {
     }
 
     pub(super) fn unregister_consumer(
-        self: &Arc<Self>,
+        &self,
         connection_id: ConnectionId,
         channel_id: u16,
         tag: &str,

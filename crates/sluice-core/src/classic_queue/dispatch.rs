@@ -13,13 +13,13 @@ use crate::queue::Queue;
 impl ClassicQueue {
     /// Delivers ready messages to consumers with room. Sinks call this after
     /// refusing a delivery, once they have room again.
-    pub(super) fn dispatch_now(self: &Arc<Self>) {
+    pub(super) fn dispatch_now(&self) {
         let mut state = self.lock();
         self.dispatch_locked(&mut state);
         self.unlock(state);
     }
 
-    pub(super) fn dispatch_locked(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn dispatch_locked(&self, state: &mut QueueState) {
         self.deliver_ready(state);
         if !state.paged.is_empty() {
             self.read_ahead_if_low(state);
@@ -33,7 +33,7 @@ impl ClassicQueue {
     /// Delivers from the head while consumers take messages. Expired heads
     /// go first, so no consumer receives a message past its deadline; a
     /// queue without deadlines pays one branch per message for that.
-    pub(super) fn deliver_ready(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn deliver_ready(&self, state: &mut QueueState) {
         if state.ready.is_priority() && !state.paged.is_empty() {
             // Recovered messages of a priority queue wait on disk in offset
             // order: deliver once all are read back, in priority order.
@@ -57,17 +57,11 @@ impl ClassicQueue {
             }
         }
         let deadlines = state.deadlines;
-        // The handle sinks record deliveries against: made once per pass.
-        let mut handle: Option<Arc<dyn Queue>> = None;
         loop {
             if deadlines {
                 self.expire_head(state);
             }
-            if state.ready.is_empty() || state.consumers.is_empty() {
-                break;
-            }
-            let handle = handle.get_or_insert_with(|| Arc::clone(self) as Arc<dyn Queue>);
-            if !self.deliver_one(state, handle) {
+            if state.ready.is_empty() || state.consumers.is_empty() || !self.deliver_one(state) {
                 break;
             }
         }
@@ -80,7 +74,7 @@ impl ClassicQueue {
     /// Offers the head message to the highest-priority consumers first,
     /// round-robin within a priority. Returns false when nobody could take it.
     /// A single-active-consumer queue offers it to its active consumer only.
-    pub(super) fn deliver_one(&self, state: &mut QueueState, handle: &Arc<dyn Queue>) -> bool {
+    pub(super) fn deliver_one(&self, state: &mut QueueState) -> bool {
         let consumer_count = if self.single_active_consumer {
             state.consumers.len().min(1)
         } else {
@@ -109,7 +103,11 @@ impl ClassicQueue {
                 let persisted = entry.segment.map(|segment| (entry.offset, segment));
                 let consumer = &state.consumers[index];
                 let no_ack = consumer.no_ack;
-                if !consumer.sink.deliver(consumer, handle, &entry) {
+                // The sink takes a handle to this queue only for a delivery
+                // it records: one reference count per message that needs an
+                // ack, none for the attempts it refuses.
+                let handle = || self.arc() as Arc<dyn Queue>;
+                if !consumer.sink.deliver(consumer, &handle, &entry) {
                     state.ready.push_front(entry);
                     continue;
                 }
@@ -136,7 +134,7 @@ impl ClassicQueue {
     /// basic.get: the head message and the count left behind it. A paged
     /// head is read from disk here, under the lock: basic.get answers now,
     /// and it is not the path that throughput depends on.
-    pub(super) fn get_head(self: &Arc<Self>, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+    pub(super) fn get_head(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let mut state = self.lock();
         if self.expiry.expires_us.is_some() {
             state.used_at_us = now_us();

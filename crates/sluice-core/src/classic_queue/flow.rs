@@ -2,7 +2,6 @@
 //! the connections publishing into it pause, and when it stops.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use super::state::QueueState;
 use super::{
@@ -15,7 +14,7 @@ impl ClassicQueue {
     /// journal's unwritten bytes changed. A queue is congested while its
     /// backlog grows faster than consumers drain it, or while the disk is
     /// behind with its journal.
-    pub(super) fn update_congestion(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn update_congestion(&self, state: &mut QueueState) {
         let backlog = (state.ready_count() as u64, state.ready_bytes);
         if state.consumers.is_empty() {
             state.flow_floor = backlog;
@@ -79,7 +78,7 @@ impl ClassicQueue {
 
     /// Asks the sync thread to re-evaluate this queue's congestion once the
     /// node's unwritten total is back under half the write budget.
-    pub(super) fn request_budget_signal(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn request_budget_signal(&self, state: &mut QueueState) {
         let Some(storage) = self.storage.as_ref() else {
             return;
         };
@@ -87,7 +86,7 @@ impl ClassicQueue {
             return;
         }
         state.budget_signal_requested = true;
-        let queue = Arc::downgrade(self);
+        let queue = self.this.clone();
         storage.group.when_write_budget_drained(Box::new(move || {
             if let Some(queue) = queue.upgrade() {
                 let mut state = queue.lock();
@@ -99,12 +98,12 @@ impl ClassicQueue {
 
     /// Asks the sync thread to tell this queue when it wrote the journal's
     /// buffer, so that publishers paused for the disk resume.
-    pub(super) fn request_written_signal(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn request_written_signal(&self, state: &mut QueueState) {
         let Some(journal) = state.journal.as_ref() else {
             return;
         };
         if !state.written_signal_set {
-            let queue = Arc::downgrade(self);
+            let queue = self.this.clone();
             journal.log().set_written_signal(Box::new(move || {
                 if let Some(queue) = queue.upgrade() {
                     let mut state = queue.lock();

@@ -280,11 +280,11 @@ impl Queue for ClassicQueue {
     }
 
     fn publish(&self, message: Arc<Message>) -> PublishOutcome {
-        self.arc().publish_message(message)
+        self.publish_message(message)
     }
 
     fn dispatch(&self) {
-        self.arc().dispatch_now();
+        self.dispatch_now();
     }
 
     fn add_consumer(&self, consumer: Arc<Consumer>, announce: &mut dyn FnMut()) -> AmqpResult<()> {
@@ -297,8 +297,7 @@ impl Queue for ClassicQueue {
         channel_id: u16,
         tag: &str,
     ) -> Option<ConsumerRemoved> {
-        self.arc()
-            .unregister_consumer(connection_id, channel_id, tag)
+        self.unregister_consumer(connection_id, channel_id, tag)
     }
 
     fn active_consumer_tag(&self) -> Option<Arc<str>> {
@@ -313,28 +312,27 @@ impl Queue for ClassicQueue {
     }
 
     fn settle(&self, messages: &[MessageId]) {
-        self.arc().settle_with(messages, None);
+        self.settle_with(messages, None);
     }
 
     fn reject(&self, messages: &[MessageId]) {
-        self.arc()
-            .settle_with(messages, Some(crate::dead_letter::DeathReason::Rejected));
+        self.settle_with(messages, Some(crate::dead_letter::DeathReason::Rejected));
     }
 
     fn requeue(&self, messages: &[MessageId]) {
-        self.arc().requeue_messages(messages);
+        self.requeue_messages(messages);
     }
 
     fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
-        self.arc().get_head(no_ack)
+        self.get_head(no_ack)
     }
 
     fn purge(&self) -> u32 {
-        self.arc().purge_ready()
+        self.purge_ready()
     }
 
     fn delete(&self) -> (Vec<Arc<Consumer>>, u32) {
-        self.arc().mark_deleted()
+        self.mark_deleted()
     }
 
     fn is_deleted(&self) -> bool {
@@ -373,7 +371,7 @@ impl Queue for ClassicQueue {
     }
 
     fn start_timers(&self) {
-        self.arc().start_timed_work();
+        self.start_timed_work();
     }
 
     fn is_congested(&self) -> bool {
@@ -387,7 +385,7 @@ impl Queue for ClassicQueue {
 
 impl PagerWork for ClassicQueue {
     fn run_pager_work(&self) {
-        self.arc().pager_work();
+        self.pager_work();
     }
 
     fn name(&self) -> &str {
@@ -397,7 +395,7 @@ impl PagerWork for ClassicQueue {
 
 impl TimedWork for ClassicQueue {
     fn run_timer(&self, at_us: u64) {
-        self.arc().timer_work(at_us);
+        self.timer_work(at_us);
     }
 
     fn name(&self) -> &str {

@@ -17,7 +17,7 @@ use sluice_store::group_commit::Location;
 
 impl ClassicQueue {
     /// Appends a message and delivers what consumers can take.
-    pub(super) fn publish_message(self: &Arc<Self>, message: Arc<Message>) -> PublishOutcome {
+    pub(super) fn publish_message(&self, message: Arc<Message>) -> PublishOutcome {
         let mut state = self.lock();
         if self.is_deleted() {
             // Routed to a queue being deleted: lost with it, as in RabbitMQ.

@@ -56,7 +56,7 @@ impl ClassicQueue {
     /// node is over its read-ahead budget), and the head must be one it
     /// would read: asking for a read it refuses would keep the pager
     /// thread spinning on this queue.
-    pub(super) fn read_ahead_if_low(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn read_ahead_if_low(&self, state: &mut QueueState) {
         let Some(storage) = self.storage.as_ref() else {
             return;
         };
@@ -75,15 +75,13 @@ impl ClassicQueue {
         }
     }
 
-    pub(super) fn request_pager(self: &Arc<Self>, state: &mut QueueState) {
+    pub(super) fn request_pager(&self, state: &mut QueueState) {
         if state.pager_requested || self.is_deleted() {
             return;
         }
         if let Some(storage) = self.storage.as_ref() {
             state.pager_requested = true;
-            storage
-                .pager
-                .request(Arc::clone(self) as Arc<dyn PagerWork>);
+            storage.pager.request(self.arc() as Arc<dyn PagerWork>);
         }
     }
 
@@ -148,7 +146,7 @@ impl ClassicQueue {
     /// The pager's work for this queue: read paged messages back into the
     /// window while consumers wait for them, then compact the journal if a
     /// run of old segments is pinned by a few live messages.
-    pub(super) fn pager_work(self: &Arc<Self>) {
+    pub(super) fn pager_work(&self) {
         self.page_in();
         self.compact();
         let mut state = self.lock();
@@ -167,7 +165,7 @@ impl ClassicQueue {
         }
     }
 
-    pub(super) fn page_in(self: &Arc<Self>) {
+    pub(super) fn page_in(&self) {
         let Some(storage) = self.storage.as_ref() else {
             return;
         };

@@ -18,7 +18,7 @@ impl ClassicQueue {
     /// prefetch room, so this also delivers what it can: one lock for both.
     /// An id no longer out (the queue was purged or deleted since) is
     /// skipped.
-    pub(super) fn settle_with(self: &Arc<Self>, messages: &[MessageId], dead: Option<DeathReason>) {
+    pub(super) fn settle_with(&self, messages: &[MessageId], dead: Option<DeathReason>) {
         let mut state = self.lock();
         let settled_as = dead;
         let dead = dead.filter(|_| self.dead_letter.is_some());
@@ -51,7 +51,7 @@ impl ClassicQueue {
 
     /// Puts messages back at their original positions, marked redelivered,
     /// and delivers them again.
-    pub(super) fn requeue_messages(self: &Arc<Self>, messages: &[MessageId]) {
+    pub(super) fn requeue_messages(&self, messages: &[MessageId]) {
         let mut state = self.lock();
         for offset in messages {
             let Some(mut entry) = state.unacked.remove(*offset) else {
@@ -82,7 +82,7 @@ impl ClassicQueue {
     }
 
     /// Drops every ready message; messages out with consumers stay out.
-    pub(super) fn purge_ready(self: &Arc<Self>) -> u32 {
+    pub(super) fn purge_ready(&self) -> u32 {
         let mut state = self.lock();
         let purged = state.ready_count() as u32;
         self.counters.dropped.add(u64::from(purged));
@@ -100,7 +100,7 @@ impl ClassicQueue {
     /// Marks the queue deleted and empties it. Returns the consumers, whom
     /// the caller notifies with basic.cancel, and the number of ready
     /// messages dropped.
-    pub(super) fn mark_deleted(self: &Arc<Self>) -> (Vec<Arc<Consumer>>, u32) {
+    pub(super) fn mark_deleted(&self) -> (Vec<Arc<Consumer>>, u32) {
         let (consumers, dropped, journal) = self.clear_for_deletion();
         // Outside the queue's lock: destroying takes the log's locks, which
         // the sync thread may hold while it signals this queue, and removes
@@ -111,9 +111,7 @@ impl ClassicQueue {
         (consumers, dropped)
     }
 
-    pub(super) fn clear_for_deletion(
-        self: &Arc<Self>,
-    ) -> (Vec<Arc<Consumer>>, u32, Option<QueueJournal>) {
+    pub(super) fn clear_for_deletion(&self) -> (Vec<Arc<Consumer>>, u32, Option<QueueJournal>) {
         let mut state = self.lock();
         self.deleted.store(true, Ordering::Release);
         let dropped = state.ready_count() as u32;

@@ -16,7 +16,7 @@ impl ClassicQueue {
     /// journaled with their deadline keep it, so one that passed while the
     /// node was down is due now; those journaled without one (the queue got
     /// its TTL later) count the queue's TTL from recovery: late, never early.
-    pub(super) fn start_timed_work(self: &Arc<Self>) {
+    pub(super) fn start_timed_work(&self) {
         let mut state = self.lock();
         let now = now_us();
         state.used_at_us = now;
@@ -49,7 +49,7 @@ impl ClassicQueue {
     /// Asks the queue timer to call [`Queue::run_timer`] at `at_us`, unless
     /// an earlier call is pending already: a later one would find the head
     /// changed anyway, and reschedules then.
-    pub(super) fn schedule_timer(self: &Arc<Self>, state: &mut QueueState, at_us: u64) {
+    pub(super) fn schedule_timer(&self, state: &mut QueueState, at_us: u64) {
         if at_us == NEVER || self.is_deleted() {
             return;
         }
@@ -57,13 +57,13 @@ impl ClassicQueue {
             return;
         }
         state.timer_at_us = at_us;
-        let this: std::sync::Weak<Self> = Arc::downgrade(self);
+        let this: std::sync::Weak<Self> = self.this.clone();
         QueueTimer::schedule(this, at_us);
     }
 
     /// The queue timer's call: expires what is due at the head and deletes
     /// the queue when it has gone unused for its `x-expires`.
-    pub(super) fn timer_work(self: &Arc<Self>, at_us: u64) {
+    pub(super) fn timer_work(&self, at_us: u64) {
         let mut state = self.lock();
         if state.timer_at_us != 0 && state.timer_at_us <= at_us {
             state.timer_at_us = 0;
@@ -89,7 +89,7 @@ impl ClassicQueue {
         self.unlock(state);
         if expired {
             if let Some(host) = self.host.upgrade() {
-                let queue: Arc<dyn Queue> = Arc::clone(self) as Arc<dyn Queue>;
+                let queue: Arc<dyn Queue> = self.arc();
                 host.expire(&queue);
             }
         }
