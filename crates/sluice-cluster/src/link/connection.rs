@@ -1,0 +1,194 @@
+//! One link that passed its handshake: a writer that batches what senders
+//! queued and sends heartbeats when there is nothing else, and a reader
+//! that hands each data frame to its channel's subscriber and declares the
+//! peer gone when nothing at all arrived for the heartbeat timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::frame::{encode_frame, split_frame, FrameError, FrameKind, LINK_CHANNEL};
+use super::subscribers::Subscribers;
+use crate::node_name::NodeName;
+
+/// Bytes queued for one peer and not yet written to its socket. Past it,
+/// senders wait: a slow or hung peer costs its senders time, not the node
+/// memory. 8 MiB is a few milliseconds of a fast link's traffic.
+pub const LINK_SEND_BUFFER_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Frames queued for one peer, whatever their size: the same bound for many
+/// tiny frames.
+pub const LINK_SEND_QUEUE_FRAMES: usize = 4096;
+
+/// What the writer gathers from the queue into one socket write.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
+const _: () = assert!(super::frame::FRAME_PAYLOAD_BYTES_MAX <= LINK_SEND_BUFFER_BYTES_MAX);
+
+/// A frame waiting for the writer, holding its share of the send budget
+/// until it is written.
+struct Outgoing {
+    channel: u16,
+    payload: Bytes,
+    _budget: OwnedSemaphorePermit,
+}
+
+/// Why a link ended.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkDown {
+    #[error("nothing received for {0:?}: the peer is dead or hung")]
+    Silent(Duration),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("the peer sent a bad frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("the peer refused the link: {0}")]
+    Refused(String),
+    #[error("the peer sent a {0:?} frame after the handshake")]
+    Unexpected(FrameKind),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("the node is shutting down")]
+    Shutdown,
+}
+
+/// The sending side of an up link; cloned by everyone who sends to it.
+#[derive(Clone)]
+pub struct LinkSender {
+    queue: mpsc::Sender<Outgoing>,
+    budget: Arc<Semaphore>,
+}
+
+impl LinkSender {
+    /// Queues `payload` for `channel`, waiting while the peer's send buffer
+    /// is full. False when the link went down meanwhile.
+    pub async fn send(&self, channel: u16, payload: Bytes) -> bool {
+        let cost = payload.len().max(1) as u32;
+        let Ok(budget) = Arc::clone(&self.budget).acquire_many_owned(cost).await else {
+            return false;
+        };
+        self.queue
+            .send(Outgoing {
+                channel,
+                payload,
+                _budget: budget,
+            })
+            .await
+            .is_ok()
+    }
+}
+
+/// The receiving end of a new link's send queue, for [`run`].
+pub struct LinkQueue(mpsc::Receiver<Outgoing>);
+
+/// A send queue for a link about to run.
+pub fn send_queue() -> (LinkSender, LinkQueue) {
+    let (queue, receiver) = mpsc::channel(LINK_SEND_QUEUE_FRAMES);
+    let sender = LinkSender {
+        queue,
+        budget: Arc::new(Semaphore::new(LINK_SEND_BUFFER_BYTES_MAX)),
+    };
+    (sender, LinkQueue(receiver))
+}
+
+/// Runs a link until it goes down: the peer is silent past
+/// `heartbeat_timeout`, closes, fails, or `stop` resolves.
+pub async fn run(
+    (read_half, write_half): (OwnedReadHalf, OwnedWriteHalf),
+    buffer: BytesMut,
+    queue: LinkQueue,
+    (peer, subscribers): (&NodeName, &Subscribers),
+    heartbeat_timeout: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> LinkDown {
+    let interval = heartbeat_timeout / 4;
+    tokio::select! {
+        down = read_loop(read_half, buffer, peer, subscribers, heartbeat_timeout) => down,
+        down = write_loop(write_half, queue, interval) => down,
+        () = stop => LinkDown::Shutdown,
+    }
+}
+
+async fn read_loop(
+    mut read_half: OwnedReadHalf,
+    mut buffer: BytesMut,
+    peer: &NodeName,
+    subscribers: &Subscribers,
+    heartbeat_timeout: Duration,
+) -> LinkDown {
+    loop {
+        loop {
+            let frame = match split_frame(&mut buffer) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(error) => return LinkDown::Frame(error),
+            };
+            match frame.kind {
+                FrameKind::Data => {
+                    subscribers
+                        .deliver(peer, frame.channel, frame.payload)
+                        .await
+                }
+                FrameKind::Heartbeat => {}
+                FrameKind::Refuse => {
+                    return LinkDown::Refused(String::from_utf8_lossy(&frame.payload).into_owned())
+                }
+                other => return LinkDown::Unexpected(other),
+            }
+        }
+        match tokio::time::timeout(heartbeat_timeout, read_half.read_buf(&mut buffer)).await {
+            Err(_) => return LinkDown::Silent(heartbeat_timeout),
+            Ok(Ok(0)) => return LinkDown::Closed,
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return LinkDown::Io(error),
+        }
+    }
+}
+
+async fn write_loop(
+    mut write_half: OwnedWriteHalf,
+    queue: LinkQueue,
+    interval: Duration,
+) -> LinkDown {
+    let mut queue = queue.0;
+    let mut out = BytesMut::with_capacity(WRITE_BATCH_BYTES);
+    let mut written: Vec<Outgoing> = Vec::new();
+    loop {
+        match tokio::time::timeout(interval, queue.recv()).await {
+            Err(_) => encode_frame(&mut out, LINK_CHANNEL, FrameKind::Heartbeat, b""),
+            // Every sender is gone: the node dropped the link.
+            Ok(None) => return LinkDown::Shutdown,
+            Ok(Some(outgoing)) => {
+                encode_frame(
+                    &mut out,
+                    outgoing.channel,
+                    FrameKind::Data,
+                    &outgoing.payload,
+                );
+                written.push(outgoing);
+                while out.len() < WRITE_BATCH_BYTES {
+                    let Ok(outgoing) = queue.try_recv() else {
+                        break;
+                    };
+                    encode_frame(
+                        &mut out,
+                        outgoing.channel,
+                        FrameKind::Data,
+                        &outgoing.payload,
+                    );
+                    written.push(outgoing);
+                }
+            }
+        }
+        if let Err(error) = write_half.write_all(&out).await {
+            return LinkDown::Io(error);
+        }
+        out.clear();
+        // Their budget is released only now: bytes count until written.
+        written.clear();
+    }
+}
