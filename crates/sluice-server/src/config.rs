@@ -13,6 +13,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use crate::cluster_config::{self, ClusterConfig, CLUSTER_KEYS};
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::{self, StoreConfig, STORE_KEYS};
 use crate::tcp_listen_options::{self, TcpListenOptions, TCP_LISTEN_KEYS};
@@ -99,6 +100,9 @@ pub struct Config {
     /// (`load_definitions`): its policies apply, its exchanges, queues and
     /// bindings are declared. Default none.
     pub load_definitions: Option<PathBuf>,
+    /// This node's name and its cluster (`node_name`,
+    /// `cluster_formation.*`, `cluster_link.*`). Default: a cluster of one.
+    pub cluster: ClusterConfig,
 }
 
 /// Default `delivery_buffer_total_max`: 64 connections' worth of full
@@ -139,6 +143,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             tcp_listen_options: TcpListenOptions::default(),
             load_definitions: None,
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -414,16 +419,23 @@ impl Config {
                             })?,
                     );
                 }
-                _ if key.starts_with("store.") || key.starts_with("tcp_listen_options.") => {
+                _ if key.starts_with("store.")
+                    || key.starts_with("tcp_listen_options.")
+                    || key == "node_name"
+                    || key.starts_with("cluster_formation.")
+                    || key.starts_with("cluster_link.") =>
+                {
                     let applied = if key.starts_with("store.") {
                         store_config::apply(&mut config.store, key, value, parse_information_unit)
-                    } else {
+                    } else if key.starts_with("tcp_listen_options.") {
                         tcp_listen_options::apply(
                             &mut config.tcp_listen_options,
                             key,
                             value,
                             parse_information_unit,
                         )
+                    } else {
+                        cluster_config::apply(&mut config.cluster, key, value)
                     };
                     match applied {
                         Some(result) => result.map_err(|expected| invalid(&expected))?,
@@ -634,6 +646,7 @@ fn closest_key(key: &str) -> Option<&'static str> {
         .iter()
         .chain(STORE_KEYS)
         .chain(TCP_LISTEN_KEYS)
+        .chain(CLUSTER_KEYS)
         .map(|known| (edit_distance(key, known), *known))
         .filter(|(distance, _)| *distance <= TYPO_DISTANCE_MAX)
         .min_by_key(|(distance, _)| *distance)

@@ -3,6 +3,7 @@
 //! - [`alarm`]: memory and disk alarms that block publishers, and their monitor.
 //! - [`resource_limit`]: the alarm thresholds, relative or absolute.
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
+//! - [`cluster_config`]: `node_name` and `cluster_formation.*`: the node's cluster.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`connection`]: one client connection's reader task and frame handling.
 //! - [`connection_registry`]: the open connections and their flow-control state.
@@ -15,6 +16,7 @@
 
 pub mod alarm;
 pub mod channel;
+pub mod cluster_config;
 pub mod config;
 pub mod connection;
 pub mod connection_context;

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_cluster::cookie::Cookie;
+use sluice_cluster::link::{LinkSettings, Links};
 use sluice_core::broker::{Broker, BrokerSettings};
 use sluice_core::definitions::DefinitionStore;
 use sluice_core::definitions_import::{load_definitions, DefinitionsFileError};
@@ -15,6 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::alarm::AlarmMonitor;
+use crate::cluster_config::Membership;
 use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
@@ -41,6 +44,12 @@ pub enum ServerError {
     },
     #[error("invalid resource limit")]
     Limit(#[source] LimitError),
+    #[error("invalid cluster configuration: {0}")]
+    Cluster(String),
+    #[error("cannot read the cluster's cookie")]
+    Cookie(#[source] sluice_cluster::cookie::CookieError),
+    #[error("cannot link with the cluster's other nodes")]
+    Links(#[source] sluice_cluster::link::LinkError),
 }
 
 /// A server that is accepting connections.
@@ -54,9 +63,16 @@ pub struct RunningServer {
     alarm_monitor: AlarmMonitor,
     connections: Arc<ConnectionRegistry>,
     in_flight: Arc<InFlightBytes>,
+    links: Option<Arc<Links>>,
 }
 
 impl RunningServer {
+    /// This node's links to the other members of its cluster; None for a
+    /// cluster of one.
+    pub fn cluster_links(&self) -> Option<&Arc<Links>> {
+        self.links.as_ref()
+    }
+
     /// The memory and disk alarms: what is in effect, and the thresholds, which can be
     /// changed while the server runs.
     pub fn alarm_monitor(&self) -> &AlarmMonitor {
@@ -81,6 +97,9 @@ impl RunningServer {
 
     /// Closes every connection with CONNECTION_FORCED and stops accepting.
     pub async fn stop(self) {
+        if let Some(links) = &self.links {
+            links.shutdown();
+        }
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
         // Write what the last publishes buffered before the process goes.
@@ -96,6 +115,18 @@ impl RunningServer {
 
 /// Binds the listener and starts accepting in the background.
 pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    start_with_cluster_listener(config, None).await
+}
+
+/// As [`start`], with the inter-node listener bound already (a test binds
+/// port 0 first, then names the node by the port it got).
+pub async fn start_with_cluster_listener(
+    config: Config,
+    cluster_listener: Option<TcpListener>,
+) -> Result<RunningServer, ServerError> {
+    // Checked first: a misconfigured cluster stops the node before anything
+    // is opened.
+    let membership = config.cluster.membership().map_err(ServerError::Cluster)?;
     // Read first: a bad file stops the node before anything is opened.
     let mut loaded = match &config.load_definitions {
         Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
@@ -159,6 +190,10 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
+    let links = match membership {
+        Some(membership) => Some(start_links(&config, membership, cluster_listener).await?),
+        None => None,
+    };
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
     let task = tokio::spawn(accept_loop(
         listener,
@@ -182,7 +217,31 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         alarm_monitor,
         connections,
         in_flight,
+        links,
     })
+}
+
+/// Links this node with the others of its cluster, with the shared cookie.
+async fn start_links(
+    config: &Config,
+    membership: Membership,
+    listener: Option<TcpListener>,
+) -> Result<Arc<Links>, ServerError> {
+    let cookie = Cookie::load().map_err(ServerError::Cookie)?;
+    let settings = LinkSettings {
+        node: membership.node,
+        members: membership.members,
+        cookie,
+        heartbeat_timeout: config.cluster.link_heartbeat_timeout,
+    };
+    let (node, count) = (settings.node.clone(), settings.members.len());
+    let links = match listener {
+        Some(listener) => Links::start_on(listener, settings),
+        None => Links::start(settings).await,
+    }
+    .map_err(ServerError::Links)?;
+    tracing::info!(%node, nodes = count, address = %links.local_address(), "listening for the cluster's other nodes");
+    Ok(links)
 }
 
 /// The store's settings, with the node's read-ahead budget held to a quarter

@@ -53,6 +53,11 @@ struct ServerArgs {
     /// `heartbeat = 60`); flags override its values
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+
+    /// This node's name in its cluster, NAME@HOST:PORT, HOST:PORT being where the other
+    /// nodes reach it; overrides `node_name`
+    #[arg(long, value_name = "NAME@HOST:PORT")]
+    node_name: Option<sluice_cluster::node_name::NodeName>,
 }
 
 fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -104,6 +109,9 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
     }
     if let Some(data_dir) = args.data_dir {
         config.data_dir = data_dir;
+    }
+    if let Some(node_name) = args.node_name {
+        config.cluster.node_name = Some(node_name);
     }
 
     init_logging(&config)?;

@@ -1,5 +1,6 @@
 //! What the tests of the real `sluice` binary share: a free port, and a
 //! client connection that waits for the broker to start listening.
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
