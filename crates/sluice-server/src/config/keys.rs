@@ -1,0 +1,200 @@
+//! What each key of the configuration file sets, grouped by what it is
+//! about. Each group returns None for a key that is not its own, else the
+//! outcome: the reason (for the error text) when the value is unusable.
+
+use std::path::PathBuf;
+
+use super::units::{
+    parse_bytesize, parse_credit, parse_information_unit, parse_listener, INFORMATION_UNIT_EXAMPLES,
+};
+use super::{
+    Config, CREDIT_FLOW_CREDIT_MAX, FRAME_MAX_MAX, FRAME_MAX_MIN, LOG_LEVELS, MESSAGE_SIZE_MAX,
+};
+use crate::{cluster_config, store_config, tcp_listen_options};
+
+/// A key's outcome.
+pub(super) type Applied = Option<Result<(), String>>;
+
+/// `loopback_users` lines, collected over the whole file and applied at the
+/// end, because RabbitMQ's result does not depend on their order.
+#[derive(Default)]
+pub(super) struct LoopbackLines {
+    pub none: bool,
+    pub set: Option<Vec<String>>,
+}
+
+impl LoopbackLines {
+    pub(super) fn apply_to(self, config: &mut Config) {
+        if self.none {
+            config.loopback_users.clear();
+        } else if let Some(users) = self.set {
+            config.loopback_users = users;
+        }
+    }
+}
+
+/// Applies `key = value` to `config`; None for a key no group knows.
+pub(super) fn apply_key(
+    config: &mut Config,
+    key: &str,
+    value: &str,
+    loopback: &mut LoopbackLines,
+) -> Applied {
+    node_key(config, key, value)
+        .or_else(|| connection_key(config, key, value))
+        .or_else(|| resource_key(config, key, value))
+        .or_else(|| loopback_key(loopback, key, value))
+        .or_else(|| prefixed_key(config, key, value))
+}
+
+/// Who the node is and where it keeps things.
+fn node_key(config: &mut Config, key: &str, value: &str) -> Applied {
+    match key {
+        "data_dir" => config.data_dir = PathBuf::from(value),
+        "default_user" => config.default_user = value.to_owned(),
+        "default_pass" => config.default_pass = value.to_owned(),
+        "default_vhost" => config.default_vhost = value.to_owned(),
+        "load_definitions" => config.load_definitions = Some(PathBuf::from(value)),
+        "log.console.level" => {
+            if !LOG_LEVELS.contains(&value) {
+                return Some(Err(format!("expected one of {}", LOG_LEVELS.join(", "))));
+            }
+            config.log_level = value.to_owned();
+        }
+        _ => return None,
+    }
+    Some(Ok(()))
+}
+
+/// The AMQP listener and what a connection negotiates.
+fn connection_key(config: &mut Config, key: &str, value: &str) -> Applied {
+    let result = match key {
+        "listeners.tcp.default" => parse_listener(value)
+            .map(|listen| config.listen = listen)
+            .ok_or_else(|| {
+                "expected a port (5672) or an IP address and port (127.0.0.1:5672, :::5672)"
+                    .to_owned()
+            }),
+        "heartbeat" => value
+            .parse()
+            .map(|seconds| config.heartbeat_secs = seconds)
+            .map_err(|_| "expected a number of seconds from 0 (disabled) to 65535".to_owned()),
+        "frame_max" => parse_bytesize(value)
+            .and_then(|bytes| u32::try_from(bytes).ok())
+            .filter(|bytes| (FRAME_MAX_MIN..=FRAME_MAX_MAX).contains(bytes))
+            .map(|bytes| config.frame_max = bytes)
+            .ok_or_else(|| {
+                format!(
+                    "expected a number of bytes from {FRAME_MAX_MIN} to {FRAME_MAX_MAX} (KB, MB, GB suffixes allowed)"
+                )
+            }),
+        "channel_max" => value
+            .parse::<u16>()
+            .map(|channels| config.channel_max = if channels == 0 { u16::MAX } else { channels })
+            .map_err(|_| "expected a number of channels from 0 (no limit) to 65535".to_owned()),
+        "max_message_size" => value
+            .parse()
+            .ok()
+            .filter(|bytes| (1..=MESSAGE_SIZE_MAX).contains(bytes))
+            .map(|bytes| config.max_message_size = bytes)
+            .ok_or_else(|| format!("expected a number of bytes from 1 to {MESSAGE_SIZE_MAX}")),
+        "credit_flow_default_credit" => parse_credit(value)
+            .map(|credit| config.credit_flow_default_credit = credit)
+            .ok_or_else(|| {
+                format!(
+                    "expected an initial credit from 1 to {CREDIT_FLOW_CREDIT_MAX}, as `400` or `{{400, 200}}`"
+                )
+            }),
+        "handshake_timeout" => value
+            .parse()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(|ms| config.handshake_timeout_ms = ms)
+            .ok_or_else(|| "expected a positive number of milliseconds".to_owned()),
+        _ => return None,
+    };
+    Some(result)
+}
+
+/// Memory, disk and buffer limits.
+fn resource_key(config: &mut Config, key: &str, value: &str) -> Applied {
+    let bytes = |what: &str| {
+        format!(
+            "expected a{what} number of bytes with an optional unit: {INFORMATION_UNIT_EXAMPLES}"
+        )
+    };
+    let result = match key {
+        "vm_memory_high_watermark.relative" => value
+            .parse::<f64>()
+            .ok()
+            .filter(|fraction| (0.0..=1.0).contains(fraction))
+            .map(|fraction| config.vm_memory_high_watermark_relative = Some(fraction))
+            .ok_or_else(|| {
+                "expected a fraction of the memory available from 0.0 to 1.0, e.g. 0.6".to_owned()
+            }),
+        "vm_memory_high_watermark.absolute" => parse_information_unit(value)
+            .map(|limit| config.vm_memory_high_watermark_absolute_bytes = Some(limit))
+            .ok_or_else(|| bytes("")),
+        "disk_free_limit.absolute" => parse_information_unit(value)
+            .map(|limit| config.disk_free_limit_absolute_bytes = Some(limit))
+            .ok_or_else(|| bytes("")),
+        "disk_free_limit.relative" => value
+            .parse::<f64>()
+            .ok()
+            .filter(|multiple| multiple.is_finite() && *multiple >= 0.0)
+            .map(|multiple| config.disk_free_limit_relative = Some(multiple))
+            .ok_or_else(|| {
+                "expected a non-negative multiple of the memory available, e.g. 1.5".to_owned()
+            }),
+        "delivery_buffer_total_max" => parse_information_unit(value)
+            .filter(|limit| *limit > 0)
+            .map(|limit| config.delivery_buffer_total_max = limit)
+            .ok_or_else(|| bytes(" positive")),
+        _ => return None,
+    };
+    Some(result)
+}
+
+/// `loopback_users = none` and `loopback_users.<user> = true|false`: as in
+/// RabbitMQ, any `loopback_users.<user>` line replaces the whole list with
+/// the users set to `true`, and `none` empties it wherever it appears.
+fn loopback_key(loopback: &mut LoopbackLines, key: &str, value: &str) -> Applied {
+    if key == "loopback_users" {
+        if value != "none" {
+            return Some(Err(
+                "expected 'none' (or use 'loopback_users.<user> = true')".to_owned(),
+            ));
+        }
+        loopback.none = true;
+        return Some(Ok(()));
+    }
+    let user = key.strip_prefix("loopback_users.")?;
+    let enabled = match value {
+        "true" => true,
+        "false" => false,
+        _ => return Some(Err("expected 'true' or 'false'".to_owned())),
+    };
+    let users = loopback.set.get_or_insert_with(Vec::new);
+    users.retain(|existing| existing != user);
+    if enabled {
+        users.push(user.to_owned());
+    }
+    Some(Ok(()))
+}
+
+/// The key families other modules own: `store.*`, `tcp_listen_options.*`,
+/// and the cluster's.
+fn prefixed_key(config: &mut Config, key: &str, value: &str) -> Applied {
+    if key.starts_with("store.") {
+        store_config::apply(&mut config.store, key, value, parse_information_unit)
+    } else if key.starts_with("tcp_listen_options.") {
+        tcp_listen_options::apply(
+            &mut config.tcp_listen_options,
+            key,
+            value,
+            parse_information_unit,
+        )
+    } else {
+        cluster_config::apply(&mut config.cluster, key, value)
+    }
+}
