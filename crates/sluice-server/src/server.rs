@@ -8,8 +8,8 @@ use std::time::Duration;
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
 use sluice_core::broker::{Broker, BrokerSettings};
-use sluice_core::definitions::DefinitionStore;
-use sluice_core::definitions_import::{load_definitions, DefinitionsFileError};
+use sluice_core::definitions::{DefinitionStore, Definitions};
+use sluice_core::definitions_import::{load_definitions, DefinitionsFileError, LoadedDefinitions};
 use sluice_core::paging::StoreSettings;
 use sluice_store::GroupCommit;
 use tokio::net::TcpListener;
@@ -150,35 +150,9 @@ pub async fn start_with_cluster_listener(
         config.data_dir.clone(),
     )
     .map_err(ServerError::Limit)?;
-    // Readers waiting to confirm persistent messages are woken after every
-    // sync round.
-    let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
-    let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
-        let _ = durable_rounds_sender.send(round);
-    });
-    group_commit.set_write_budget(config.store.write_buffer_total_max);
-    let (store, definitions) = DefinitionStore::open(
-        &config.data_dir,
-        Arc::clone(&group_commit),
-        store_settings_within_watermark(&config, alarm_monitor.limits().memory_watermark_bytes),
-    )
-    .map_err(|error| {
-        group_commit.stop();
-        ServerError::Store(error)
-    })?;
-    let broker = Arc::new(Broker::open(
-        &BrokerSettings {
-            default_user: config.default_user.clone(),
-            default_pass: config.default_pass.clone(),
-            default_vhost: config.default_vhost.clone(),
-            loopback_users: config.loopback_users.clone(),
-            policies: loaded
-                .as_mut()
-                .map(|loaded| std::mem::take(&mut loaded.policies))
-                .unwrap_or_default(),
-        },
-        Some((Arc::clone(&store), definitions)),
-    ));
+    let (group_commit, durable_rounds, store, definitions) =
+        open_store(&config, alarm_monitor.limits().memory_watermark_bytes)?;
+    let broker = open_broker(&config, loaded.as_mut(), &store, definitions);
     if let Some(loaded) = &loaded {
         broker.import_definitions(&loaded.file);
     }
@@ -219,6 +193,61 @@ pub async fn start_with_cluster_listener(
         in_flight,
         links,
     })
+}
+
+/// The group commit (and the watch its sync rounds bump, which wakes
+/// readers waiting to confirm persistent messages), and the data
+/// directory's definitions.
+#[allow(clippy::type_complexity)]
+fn open_store(
+    config: &Config,
+    memory_watermark_bytes: u64,
+) -> Result<
+    (
+        Arc<GroupCommit>,
+        watch::Receiver<u64>,
+        Arc<DefinitionStore>,
+        Definitions,
+    ),
+    ServerError,
+> {
+    let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
+    let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
+        let _ = durable_rounds_sender.send(round);
+    });
+    group_commit.set_write_budget(config.store.write_buffer_total_max);
+    let (store, definitions) = DefinitionStore::open(
+        &config.data_dir,
+        Arc::clone(&group_commit),
+        store_settings_within_watermark(config, memory_watermark_bytes),
+    )
+    .map_err(|error| {
+        group_commit.stop();
+        ServerError::Store(error)
+    })?;
+    Ok((group_commit, durable_rounds, store, definitions))
+}
+
+/// The node's broker: its users and vhosts, recovered from `definitions`,
+/// with the policies of a loaded definitions file.
+fn open_broker(
+    config: &Config,
+    loaded: Option<&mut LoadedDefinitions>,
+    store: &Arc<DefinitionStore>,
+    definitions: Definitions,
+) -> Arc<Broker> {
+    Arc::new(Broker::open(
+        &BrokerSettings {
+            default_user: config.default_user.clone(),
+            default_pass: config.default_pass.clone(),
+            default_vhost: config.default_vhost.clone(),
+            loopback_users: config.loopback_users.clone(),
+            policies: loaded
+                .map(|loaded| std::mem::take(&mut loaded.policies))
+                .unwrap_or_default(),
+        },
+        Some((Arc::clone(store), definitions)),
+    ))
 }
 
 /// Links this node with the others of its cluster, with the shared cookie.

@@ -11,7 +11,7 @@ use crate::expiry::{now_us, wall_ms_of, NEVER};
 use crate::message::{Message, QueuedMessage};
 use crate::paging::PagedMessage;
 use crate::queue::PublishOutcome;
-use crate::queue_journal::QueueJournal;
+use crate::queue_journal::{Durability, QueueJournal};
 use crate::queue_limits::Overflow;
 use sluice_store::group_commit::Location;
 
@@ -24,60 +24,25 @@ impl ClassicQueue {
             return PublishOutcome::Enqueued;
         }
         let body_size = message.body_size() as u64;
-        if self.limits.is_limited() && self.limits.overflow != Overflow::DropHead {
-            let length_after = state.ready_count() as u64 + 1;
-            let bytes_after = state.ready_bytes + body_size;
-            if self.limits.exceeded(length_after, bytes_after) {
-                if self.limits.overflow == Overflow::RejectPublishDlx && self.dead_letter.is_some()
-                {
-                    drop(state);
-                    self.send_dead_letters(vec![DeadLetter {
-                        message,
-                        reason: DeathReason::Maxlen,
-                    }]);
-                }
-                return PublishOutcome::Rejected;
+        if self.refuses_for_length(&state, body_size) {
+            if self.limits.overflow == Overflow::RejectPublishDlx && self.dead_letter.is_some() {
+                drop(state);
+                self.send_dead_letters(vec![DeadLetter {
+                    message,
+                    reason: DeathReason::Maxlen,
+                }]);
             }
+            return PublishOutcome::Rejected;
         }
         let offset = state.next_offset;
         state.next_offset += 1;
-        // One branch for a queue without TTL and a message without
-        // expiration; the clock is read only past it.
-        let expires_at_us =
-            if self.expiry.has_message_ttl() || message.properties.expiration().is_some() {
-                let deadline = self.expiry.deadline_of(&message, now_us());
-                if deadline != NEVER {
-                    state.deadlines = true;
-                    state.publishing = Some(offset);
-                }
-                deadline
-            } else {
-                NEVER
-            };
-        let mut durability = None;
-        let mut written_at = None;
-        if message.properties.is_persistent() {
-            if let Some(journal) = state
-                .journal
-                .as_mut()
-                .filter(|journal| journal.is_durable())
-            {
-                // Saved as wall-clock time: the TTL keeps counting while
-                // the node is down.
-                let wall_deadline_ms = (expires_at_us != NEVER).then(|| wall_ms_of(expires_at_us));
-                match journal.append_message(offset, &message, wall_deadline_ms) {
-                    Some((location, ticket)) => {
-                        written_at = Some(location);
-                        durability = Some(ticket);
-                    }
-                    // The journal failed: the message cannot be made durable.
-                    None => {
-                        state.publishing = None;
-                        return PublishOutcome::Rejected;
-                    }
-                }
-            }
-        }
+        let expires_at_us = self.deadline_of_new(&mut state, &message, offset);
+        let Ok((written_at, durability)) =
+            self.journal_if_persistent(&mut state, &message, offset, expires_at_us)
+        else {
+            state.publishing = None;
+            return PublishOutcome::Rejected;
+        };
         state.ready_bytes += body_size;
         self.counters.count_publish(body_size as usize);
         let paged = self
@@ -103,23 +68,85 @@ impl ClassicQueue {
                 self.dispatch_locked(&mut state);
             }
         }
-        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
-            self.drop_head_over_limits(&mut state);
-        }
-        // Offered to the waiting consumers: from here its TTL applies. Left
-        // set, it would keep this message from ever expiring once requeued.
-        state.publishing = None;
-        if state.deadlines {
-            self.expire_head(&mut state);
-            let head_deadline = state.head_deadline();
-            self.schedule_timer(&mut state, head_deadline);
-        }
-        self.update_congestion(&mut state);
+        self.after_publish(&mut state);
         self.unlock(state);
         match durability {
             Some(durability) => PublishOutcome::Pending(PendingSafety::Journal(durability)),
             None => PublishOutcome::Enqueued,
         }
+    }
+
+    /// Whether a new message of `body_size` bytes is refused for the
+    /// queue's length limits (`reject-publish`, `reject-publish-dlx`).
+    fn refuses_for_length(&self, state: &QueueState, body_size: u64) -> bool {
+        if !self.limits.is_limited() || self.limits.overflow == Overflow::DropHead {
+            return false;
+        }
+        let length_after = state.ready_count() as u64 + 1;
+        let bytes_after = state.ready_bytes + body_size;
+        self.limits.exceeded(length_after, bytes_after)
+    }
+
+    /// A new message's deadline. One branch for a queue without TTL and a
+    /// message without expiration; the clock is read only past it. A
+    /// message with a deadline is marked as being published: its TTL starts
+    /// once it was offered to the consumers waiting.
+    fn deadline_of_new(&self, state: &mut QueueState, message: &Message, offset: u64) -> u64 {
+        if !self.expiry.has_message_ttl() && message.properties.expiration().is_none() {
+            return NEVER;
+        }
+        let deadline = self.expiry.deadline_of(message, now_us());
+        if deadline != NEVER {
+            state.deadlines = true;
+            state.publishing = Some(offset);
+        }
+        deadline
+    }
+
+    /// Journals a persistent message entering a durable queue: where it was
+    /// written and the ticket that tells when it is on disk. Err when the
+    /// journal failed: the message cannot be made durable.
+    fn journal_if_persistent(
+        &self,
+        state: &mut QueueState,
+        message: &Message,
+        offset: u64,
+        expires_at_us: u64,
+    ) -> Result<(Option<Location>, Option<Durability>), ()> {
+        if !message.properties.is_persistent() {
+            return Ok((None, None));
+        }
+        let Some(journal) = state
+            .journal
+            .as_mut()
+            .filter(|journal| journal.is_durable())
+        else {
+            return Ok((None, None));
+        };
+        // Saved as wall-clock time: the TTL keeps counting while the node
+        // is down.
+        let wall_deadline_ms = (expires_at_us != NEVER).then(|| wall_ms_of(expires_at_us));
+        match journal.append_message(offset, message, wall_deadline_ms) {
+            Some((location, ticket)) => Ok((Some(location), Some(ticket))),
+            None => Err(()),
+        }
+    }
+
+    /// What follows a publish, under the same lock: drop-head limits, the
+    /// head's TTL, and congestion.
+    fn after_publish(&self, state: &mut QueueState) {
+        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
+            self.drop_head_over_limits(state);
+        }
+        // Offered to the waiting consumers: from here its TTL applies. Left
+        // set, it would keep this message from ever expiring once requeued.
+        state.publishing = None;
+        if state.deadlines {
+            self.expire_head(state);
+            let head_deadline = state.head_deadline();
+            self.schedule_timer(state, head_deadline);
+        }
+        self.update_congestion(state);
     }
 
     /// Where a new message waits on disk when the in-memory window is full

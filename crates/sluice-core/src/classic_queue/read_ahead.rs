@@ -169,89 +169,103 @@ impl ClassicQueue {
         let Some(storage) = self.storage.as_ref() else {
             return;
         };
-        let settings = &storage.settings;
         loop {
             // Copy out what to read, under the lock.
-            let (batch, log) = {
-                let state = self.lock();
-                // A priority queue reads all of its paged messages (recovered
-                // ones: it never pages) back, window or not.
-                let priority = state.ready.is_priority();
-                let (window, bytes_max) = if priority {
-                    (usize::MAX, u64::MAX)
-                } else {
-                    resident_window(storage, !state.consumers.is_empty())
-                };
-                let room = window
-                    .saturating_sub(state.ready.len())
-                    .min(settings.read_batch_messages());
-                let Some(journal) = state.journal.as_ref() else {
-                    return;
-                };
-                if room == 0
-                    || state.paged.is_empty()
-                    || state.consumers.is_empty()
-                    || self.is_deleted()
-                    || state.resident_bytes.get() >= bytes_max
-                {
-                    return;
-                }
-                let mut bytes = state.resident_bytes.get();
-                let batch: Vec<(PagedMessage, Location)> = state
-                    .paged
-                    .iter()
-                    .take(room)
-                    .take_while(|paged| {
-                        bytes += paged.body_size as u64;
-                        bytes <= bytes_max || bytes == paged.body_size as u64
-                    })
-                    .map(|paged| (*paged, journal.resolve(paged.offset, paged.location())))
-                    .collect();
-                (batch, Arc::clone(journal.log()))
-            };
-            if batch.is_empty() {
+            let Some((batch, log)) = self.read_ahead_batch(storage) else {
                 return;
-            }
+            };
             // Read without it: publishers keep appending meanwhile.
             let read: Vec<_> = batch
                 .iter()
                 .map(|(_, location)| read_message(&log, *location))
                 .collect();
-            // Hand over what is still wanted: a purge or a basic.get may
-            // have taken some of the batch meanwhile.
             let mut state = self.lock();
-            for ((paged, _), message) in batch.iter().zip(read) {
-                match state.paged.front() {
-                    Some(front) if front.offset == paged.offset => {}
-                    _ => continue,
-                }
-                let expires_at_us = state.pop_paged().map_or(NEVER, |(_, deadline)| deadline);
-                match message {
-                    Ok(message) => {
-                        state.resident_bytes.add(paged.body_size as u64);
-                        state.ready.push_read_back(QueuedMessage::read_back(
-                            *paged,
-                            message,
-                            expires_at_us,
-                        ));
-                    }
-                    Err(error) => {
-                        tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
-                        state.ready_bytes -= paged.body_size as u64;
-                        state.forget_paged([paged]);
-                    }
-                }
-            }
-            // A queue that was deep gives its reference memory back as it
-            // drains.
-            if state.paged.capacity() > PAGED_CAPACITY_KEPT
-                && state.paged.capacity() > 4 * state.paged.len()
-            {
-                let keep = (2 * state.paged.len()).max(PAGED_CAPACITY_KEPT);
-                state.paged.shrink_to(keep);
-            }
+            self.hand_over_read(&mut state, &batch, read);
             self.deliver_ready(&mut state);
             self.unlock(state);
+        }
+    }
+
+    /// The paged references to read next and the log to read them from,
+    /// copied out under the lock; None when there is nothing to read: no
+    /// room in the window, no consumer, nothing paged.
+    #[allow(clippy::type_complexity)]
+    fn read_ahead_batch(
+        &self,
+        storage: &QueueStorage,
+    ) -> Option<(Vec<(PagedMessage, Location)>, Arc<sluice_store::LogBuffer>)> {
+        let state = self.lock();
+        // A priority queue reads all of its paged messages (recovered ones:
+        // it never pages) back, window or not.
+        let (window, bytes_max) = if state.ready.is_priority() {
+            (usize::MAX, u64::MAX)
+        } else {
+            resident_window(storage, !state.consumers.is_empty())
+        };
+        let room = window
+            .saturating_sub(state.ready.len())
+            .min(storage.settings.read_batch_messages());
+        let journal = state.journal.as_ref()?;
+        if room == 0
+            || state.paged.is_empty()
+            || state.consumers.is_empty()
+            || self.is_deleted()
+            || state.resident_bytes.get() >= bytes_max
+        {
+            return None;
+        }
+        let mut bytes = state.resident_bytes.get();
+        let batch: Vec<(PagedMessage, Location)> = state
+            .paged
+            .iter()
+            .take(room)
+            .take_while(|paged| {
+                bytes += paged.body_size as u64;
+                bytes <= bytes_max || bytes == paged.body_size as u64
+            })
+            .map(|paged| (*paged, journal.resolve(paged.offset, paged.location())))
+            .collect();
+        (!batch.is_empty()).then(|| (batch, Arc::clone(journal.log())))
+    }
+
+    /// Puts what was read back into the window, in order. Only what is
+    /// still wanted: a purge or a basic.get may have taken some of the
+    /// batch meanwhile.
+    fn hand_over_read(
+        &self,
+        state: &mut QueueState,
+        batch: &[(PagedMessage, Location)],
+        read: Vec<Result<Message, sluice_store::StoreError>>,
+    ) {
+        for ((paged, _), message) in batch.iter().zip(read) {
+            match state.paged.front() {
+                Some(front) if front.offset == paged.offset => {}
+                _ => continue,
+            }
+            let expires_at_us = state.pop_paged().map_or(NEVER, |(_, deadline)| deadline);
+            match message {
+                Ok(message) => {
+                    state.resident_bytes.add(paged.body_size as u64);
+                    state.ready.push_read_back(QueuedMessage::read_back(
+                        *paged,
+                        message,
+                        expires_at_us,
+                    ));
+                }
+                Err(error) => {
+                    tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
+                    state.ready_bytes -= paged.body_size as u64;
+                    state.forget_paged([paged]);
+                }
+            }
+        }
+        // A queue that was deep gives its reference memory back as it
+        // drains.
+        if state.paged.capacity() > PAGED_CAPACITY_KEPT
+            && state.paged.capacity() > 4 * state.paged.len()
+        {
+            let keep = (2 * state.paged.len()).max(PAGED_CAPACITY_KEPT);
+            state.paged.shrink_to(keep);
         }
     }
 }

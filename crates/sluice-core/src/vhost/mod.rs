@@ -337,44 +337,7 @@ impl VirtualHost {
         }
         let mut exchanges = self.exchanges_mut();
         if let Some(existing) = exchanges.get(name) {
-            let what = self.describe_exchange(name);
-            if existing.kind != kind {
-                return Err(AmqpError::precondition_failed(format!(
-                    "inequivalent arg 'type' for {what}: received '{}' but current is '{}'",
-                    kind.as_str(),
-                    existing.kind.as_str()
-                )));
-            }
-            if existing.durable != declaration.durable {
-                return Err(inequivalent_flag(
-                    "durable",
-                    &what,
-                    declaration.durable,
-                    existing.durable,
-                ));
-            }
-            if existing.auto_delete != declaration.auto_delete {
-                return Err(inequivalent_flag(
-                    "auto_delete",
-                    &what,
-                    declaration.auto_delete,
-                    existing.auto_delete,
-                ));
-            }
-            if existing.internal != declaration.internal {
-                return Err(inequivalent_flag(
-                    "internal",
-                    &what,
-                    declaration.internal,
-                    existing.internal,
-                ));
-            }
-            return check_equivalence(
-                EXCHANGE_EQUIVALENCE_KEYS,
-                &declaration.arguments,
-                &existing.arguments,
-                &what,
-            );
+            return self.check_exchange_equivalence(existing, &declaration, kind);
         }
         // As RabbitMQ, only a new exchange has its alternate checked.
         check_exchange_name_argument(
@@ -397,6 +360,54 @@ impl VirtualHost {
             self.persist();
         }
         Ok(())
+    }
+
+    /// A redeclaration of `existing`: equivalent, or 406 naming the first
+    /// difference, in RabbitMQ's order (type, flags, then arguments).
+    fn check_exchange_equivalence(
+        &self,
+        existing: &Exchange,
+        declaration: &ExchangeDeclaration<'_>,
+        kind: ExchangeKind,
+    ) -> AmqpResult<()> {
+        let what = self.describe_exchange(&existing.name);
+        if existing.kind != kind {
+            return Err(AmqpError::precondition_failed(format!(
+                "inequivalent arg 'type' for {what}: received '{}' but current is '{}'",
+                kind.as_str(),
+                existing.kind.as_str()
+            )));
+        }
+        if existing.durable != declaration.durable {
+            return Err(inequivalent_flag(
+                "durable",
+                &what,
+                declaration.durable,
+                existing.durable,
+            ));
+        }
+        if existing.auto_delete != declaration.auto_delete {
+            return Err(inequivalent_flag(
+                "auto_delete",
+                &what,
+                declaration.auto_delete,
+                existing.auto_delete,
+            ));
+        }
+        if existing.internal != declaration.internal {
+            return Err(inequivalent_flag(
+                "internal",
+                &what,
+                declaration.internal,
+                existing.internal,
+            ));
+        }
+        check_equivalence(
+            EXCHANGE_EQUIVALENCE_KEYS,
+            &declaration.arguments,
+            &existing.arguments,
+            &what,
+        )
     }
 
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
@@ -487,37 +498,7 @@ impl VirtualHost {
         let mut queues = self.queues_mut();
         if !declaration.name.is_empty() {
             if let Some(existing) = queues.get(declaration.name) {
-                existing.check_access(connection_id)?;
-                let what = self.describe_queue(declaration.name);
-                // RabbitMQ's `assert_equivalence` order: exclusivity, then
-                // the flags, then the arguments.
-                if existing.is_exclusive() != declaration.exclusive {
-                    return Err(existing_exclusive_mismatch(existing));
-                }
-                let durable = declaration.durable && !declaration.exclusive;
-                let existing_options = existing.options();
-                if existing_options.durable != durable {
-                    return Err(inequivalent_flag(
-                        "durable",
-                        &what,
-                        durable,
-                        existing_options.durable,
-                    ));
-                }
-                if existing_options.auto_delete != declaration.auto_delete {
-                    return Err(inequivalent_flag(
-                        "auto_delete",
-                        &what,
-                        declaration.auto_delete,
-                        existing_options.auto_delete,
-                    ));
-                }
-                check_equivalence(
-                    QUEUE_EQUIVALENCE_KEYS,
-                    &declaration.arguments,
-                    &existing_options.arguments,
-                    &what,
-                )?;
+                self.check_queue_equivalence(existing, &declaration, connection_id)?;
                 existing.touch();
                 return Ok((Arc::clone(existing), false));
             }
@@ -560,6 +541,49 @@ impl VirtualHost {
             self.persist();
         }
         Ok((queue, true))
+    }
+
+    /// A redeclaration of `existing`: equivalent, or the error RabbitMQ's
+    /// `assert_equivalence` gives, in its order: access, exclusivity, the
+    /// flags, then the arguments.
+    fn check_queue_equivalence(
+        &self,
+        existing: &Arc<dyn Queue>,
+        declaration: &QueueDeclaration<'_>,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<()> {
+        existing.check_access(connection_id)?;
+        let what = self.describe_queue(declaration.name);
+        // RabbitMQ's `assert_equivalence` order: exclusivity, then
+        // the flags, then the arguments.
+        if existing.is_exclusive() != declaration.exclusive {
+            return Err(existing_exclusive_mismatch(existing));
+        }
+        let durable = declaration.durable && !declaration.exclusive;
+        let existing_options = existing.options();
+        if existing_options.durable != durable {
+            return Err(inequivalent_flag(
+                "durable",
+                &what,
+                durable,
+                existing_options.durable,
+            ));
+        }
+        if existing_options.auto_delete != declaration.auto_delete {
+            return Err(inequivalent_flag(
+                "auto_delete",
+                &what,
+                declaration.auto_delete,
+                existing_options.auto_delete,
+            ));
+        }
+        check_equivalence(
+            QUEUE_EQUIVALENCE_KEYS,
+            &declaration.arguments,
+            &existing_options.arguments,
+            &what,
+        )?;
+        Ok(())
     }
 
     /// Looks a queue up for use by `connection_id`: 404 when missing, 405

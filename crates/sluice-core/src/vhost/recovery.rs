@@ -3,9 +3,11 @@
 use std::sync::Arc;
 
 use super::{ExchangeSpec, VirtualHost};
-use crate::definitions::VhostDefinitions;
+use crate::definitions::{
+    BindingDefinition, ExchangeDefinition, QueueDefinition, VhostDefinitions,
+};
 use crate::exchange::{Destination, ExchangeKind};
-use crate::queue::QueueOptions;
+use crate::queue::{Queue, QueueOptions};
 use crate::queue_factory::create_queue;
 
 impl VirtualHost {
@@ -16,56 +18,72 @@ impl VirtualHost {
         if self.store.is_none() {
             return;
         }
-        {
-            let mut exchanges = self.exchanges_mut();
-            for definition in &definitions.exchanges {
-                let Some(kind) = ExchangeKind::parse(&definition.kind) else {
-                    tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+        self.recover_exchanges(&definitions.exchanges);
+        let recovered_queues = self.recover_queues(&definitions.queues);
+        self.recover_bindings(&definitions.bindings);
+        // Only now that the bindings are back: a message that expired while
+        // the node was down is due at once, and its dead-letter exchange
+        // must route it.
+        for queue in recovered_queues {
+            queue.start_timers();
+        }
+    }
+
+    fn recover_exchanges(&self, definitions: &[ExchangeDefinition]) {
+        let mut exchanges = self.exchanges_mut();
+        for definition in definitions {
+            let Some(kind) = ExchangeKind::parse(&definition.kind) else {
+                tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+                continue;
+            };
+            let exchange = self.new_exchange(ExchangeSpec {
+                name: &definition.name,
+                kind,
+                durable: true,
+                auto_delete: definition.auto_delete,
+                internal: definition.internal,
+                arguments: definition.arguments.clone(),
+            });
+            exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
+        }
+    }
+
+    /// The queues back, with what their journals hold; returns them for
+    /// their timers to start once the bindings are back too.
+    fn recover_queues(&self, definitions: &[QueueDefinition]) -> Vec<Arc<dyn Queue>> {
+        let mut recovered = Vec::with_capacity(definitions.len());
+        let mut queues = self.queues_mut();
+        for definition in definitions {
+            let effective = self.effective_queue_arguments(&definition.name, &definition.arguments);
+            let options = QueueOptions {
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: definition.auto_delete,
+                arguments: definition.arguments.clone(),
+            };
+            let name: Arc<str> = Arc::from(definition.name.as_str());
+            let spec = self.queue_spec(
+                Arc::clone(&name),
+                options,
+                &effective,
+                Some(definition.store_id.clone()),
+            );
+            let queue = match create_queue(spec) {
+                Ok(queue) => queue,
+                Err(error) => {
+                    tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
                     continue;
-                };
-                let exchange = self.new_exchange(ExchangeSpec {
-                    name: &definition.name,
-                    kind,
-                    durable: true,
-                    auto_delete: definition.auto_delete,
-                    internal: definition.internal,
-                    arguments: definition.arguments.clone(),
-                });
-                exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
-            }
+                }
+            };
+            tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
+            recovered.push(Arc::clone(&queue));
+            queues.insert(name, queue);
         }
-        let mut recovered_queues = Vec::with_capacity(definitions.queues.len());
-        {
-            let mut queues = self.queues_mut();
-            for definition in &definitions.queues {
-                let effective =
-                    self.effective_queue_arguments(&definition.name, &definition.arguments);
-                let options = QueueOptions {
-                    durable: true,
-                    exclusive_owner: None,
-                    auto_delete: definition.auto_delete,
-                    arguments: definition.arguments.clone(),
-                };
-                let name: Arc<str> = Arc::from(definition.name.as_str());
-                let spec = self.queue_spec(
-                    Arc::clone(&name),
-                    options,
-                    &effective,
-                    Some(definition.store_id.clone()),
-                );
-                let queue = match create_queue(spec) {
-                    Ok(queue) => queue,
-                    Err(error) => {
-                        tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
-                        continue;
-                    }
-                };
-                tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
-                recovered_queues.push(Arc::clone(&queue));
-                queues.insert(name, queue);
-            }
-        }
-        for definition in &definitions.bindings {
+        recovered
+    }
+
+    fn recover_bindings(&self, definitions: &[BindingDefinition]) {
+        for definition in definitions {
             let destination = match definition.destination_type.as_str() {
                 "exchange" => Destination::Exchange(Arc::from(definition.destination.as_str())),
                 _ => Destination::Queue(Arc::from(definition.destination.as_str())),
@@ -79,12 +97,6 @@ impl VirtualHost {
             ) {
                 tracing::error!(source = %definition.source, destination = %definition.destination, %error, "skipping a binding");
             }
-        }
-        // Only now that the bindings are back: a message that expired while
-        // the node was down is due at once, and its dead-letter exchange
-        // must route it.
-        for queue in recovered_queues {
-            queue.start_timers();
         }
     }
 }
