@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use sluice_store::group_commit::{Location, Sequence};
-use sluice_store::log::SegmentLog;
+use sluice_store::log::{RecordView, SegmentLog};
 use sluice_store::record::RECORD_HEADER_SIZE;
 use sluice_store::{GroupCommit, LogBuffer, StoreError};
 use sluice_wire::content::RawProperties;
@@ -116,6 +116,68 @@ impl Durability {
     /// failure is read first: a log does not sync once it has failed.
     pub fn is_lost(&self) -> bool {
         self.has_failed() && !self.is_synced()
+    }
+}
+
+/// What a journal's replay found, record by record: every message record
+/// in log order and every acked offset. Live is "written and never acked",
+/// decided once at the end by sorting. Kept as flat vectors, not a map: 24
+/// bytes a message, and a sorted log sorts in linear time.
+#[derive(Default)]
+struct Replayed {
+    native: Vec<PagedMessage>,
+    moved: Vec<PagedMessage>,
+    /// (offset, wall-clock deadline in ms) of the messages that expire.
+    deadlines: Vec<(u64, u64)>,
+    acked: Vec<u64>,
+    records_by_segment: BTreeMap<u64, u64>,
+    next_offset: u64,
+    corrupt: usize,
+}
+
+impl Replayed {
+    fn take(&mut self, found: RecordView<'_>) {
+        let kind = found.kind;
+        let payload = found.payload;
+        match kind {
+            _ if is_message(kind) => {
+                let Some((offset, body_size, deadline)) = peek_message(kind, payload) else {
+                    self.corrupt += 1;
+                    return;
+                };
+                self.next_offset = u64::max(self.next_offset, offset + 1);
+                *self.records_by_segment.entry(found.segment).or_insert(0) += 1;
+                let location = Location {
+                    segment: found.segment,
+                    position: found.position,
+                    length: (RECORD_HEADER_SIZE + 1 + payload.len()) as u32,
+                };
+                let message = PagedMessage::new(offset, location, body_size, true);
+                match kind {
+                    KIND_MESSAGE | KIND_MESSAGE_EXPIRING => self.native.push(message),
+                    KIND_MOVED | KIND_MOVED_EXPIRING => self.moved.push(message),
+                    // Paged transient messages do not outlive the process.
+                    _ => {}
+                }
+                // A moved copy carries the same deadline as the original.
+                if let Some(deadline) = deadline {
+                    self.deadlines.push((offset, deadline));
+                }
+            }
+            KIND_ACKS => {
+                let mut offsets = payload;
+                while offsets.len() >= 8 {
+                    let offset = offsets.get_u64();
+                    // The messages acked may be gone with their segments,
+                    // but their offsets must not be handed out again: this
+                    // ack would take the new message with it at the next
+                    // recovery.
+                    self.next_offset = u64::max(self.next_offset, offset + 1);
+                    self.acked.push(offset);
+                }
+            }
+            _ => self.corrupt += 1,
+        }
     }
 }
 
@@ -350,64 +412,20 @@ impl QueueJournal {
         group: Arc<GroupCommit>,
         settings: &StoreSettings,
     ) -> Result<RecoveredQueue, StoreError> {
-        // Every message record in log order and every acked offset; live is
-        // "written and never acked", decided once at the end by sorting. Kept
-        // as flat vectors, not a map: 24 bytes a message, and a sorted log
-        // sorts in linear time.
-        let mut native: Vec<PagedMessage> = Vec::new();
-        let mut moved: Vec<PagedMessage> = Vec::new();
-        let mut deadlines: Vec<(u64, u64)> = Vec::new();
-        let mut acked: Vec<u64> = Vec::new();
-        let mut records_by_segment: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut next_offset = 0;
-        let mut corrupt = 0usize;
-        let log = SegmentLog::recover(dir, |found| {
-            let kind = found.kind;
-            let payload = found.payload;
-            match kind {
-                _ if is_message(kind) => {
-                    let Some((offset, body_size, deadline)) = peek_message(kind, payload) else {
-                        corrupt += 1;
-                        return;
-                    };
-                    next_offset = u64::max(next_offset, offset + 1);
-                    *records_by_segment.entry(found.segment).or_insert(0) += 1;
-                    let location = Location {
-                        segment: found.segment,
-                        position: found.position,
-                        length: (RECORD_HEADER_SIZE + 1 + payload.len()) as u32,
-                    };
-                    let message = PagedMessage::new(offset, location, body_size, true);
-                    match kind {
-                        KIND_MESSAGE | KIND_MESSAGE_EXPIRING => native.push(message),
-                        KIND_MOVED | KIND_MOVED_EXPIRING => moved.push(message),
-                        // Paged transient messages do not outlive the process.
-                        _ => {}
-                    }
-                    // A moved copy carries the same deadline as the original.
-                    if let Some(deadline) = deadline {
-                        deadlines.push((offset, deadline));
-                    }
-                }
-                KIND_ACKS => {
-                    let mut offsets = payload;
-                    while offsets.len() >= 8 {
-                        let offset = offsets.get_u64();
-                        // The messages acked may be gone with their segments,
-                        // but their offsets must not be handed out again: this
-                        // ack would take the new message with it at the next
-                        // recovery.
-                        next_offset = u64::max(next_offset, offset + 1);
-                        acked.push(offset);
-                    }
-                }
-                _ => corrupt += 1,
-            }
-        })?;
-        if corrupt > 0 {
-            tracing::warn!(dir = %dir.display(), corrupt, "skipped journal records that do not decode");
+        let mut replayed = Replayed::default();
+        let log = SegmentLog::recover(dir, |found| replayed.take(found))?;
+        if replayed.corrupt > 0 {
+            tracing::warn!(dir = %dir.display(), corrupt = replayed.corrupt, "skipped journal records that do not decode");
         }
-        native.sort_unstable_by_key(|message| message.offset);
+        let Replayed {
+            native,
+            mut moved,
+            deadlines,
+            mut acked,
+            records_by_segment,
+            next_offset,
+            ..
+        } = replayed;
         // A message moved twice has two copies; the later one is current.
         moved.sort_by_key(|message| message.offset);
         moved.dedup_by(|later, earlier| {
@@ -419,26 +437,13 @@ impl QueueJournal {
         });
         acked.sort_unstable();
         acked.dedup();
+        let mut native = native;
+        native.sort_unstable_by_key(|message| message.offset);
         let messages = live_messages(native, &moved, &acked);
         let deadlines = live_deadlines(deadlines, &messages);
         let log = LogBuffer::with_preallocation(log, settings.segment_size_bytes);
         let mut journal = QueueJournal::new(log, group, true);
-        let mut moved = moved.iter().peekable();
-        for message in &messages {
-            let segment = journal.liveness.entry(message.segment()).or_default();
-            while moved.next_if(|copy| copy.offset < message.offset).is_some() {}
-            if moved.next_if(|copy| copy == &message).is_some() {
-                segment.add_moved_in();
-                journal.relocated.insert(message.offset, message.location());
-            } else {
-                segment.mark_live(message.offset);
-            }
-        }
-        for (segment, records) in records_by_segment {
-            if let Some(liveness) = journal.liveness.get_mut(&segment) {
-                liveness.set_records(records);
-            }
-        }
+        journal.count_live(&messages, &moved, records_by_segment);
         journal.reclaim(true);
         Ok(RecoveredQueue {
             journal,
@@ -446,6 +451,33 @@ impl QueueJournal {
             deadlines,
             next_offset,
         })
+    }
+
+    /// Marks each segment's live messages and moved-in copies, and how many
+    /// message records it holds, so that reclaim and compaction know which
+    /// segments are done with.
+    fn count_live(
+        &mut self,
+        messages: &[PagedMessage],
+        moved: &[PagedMessage],
+        records_by_segment: BTreeMap<u64, u64>,
+    ) {
+        let mut moved = moved.iter().peekable();
+        for message in messages {
+            let segment = self.liveness.entry(message.segment()).or_default();
+            while moved.next_if(|copy| copy.offset < message.offset).is_some() {}
+            if moved.next_if(|copy| *copy == message).is_some() {
+                segment.add_moved_in();
+                self.relocated.insert(message.offset, message.location());
+            } else {
+                segment.mark_live(message.offset);
+            }
+        }
+        for (segment, records) in records_by_segment {
+            if let Some(liveness) = self.liveness.get_mut(&segment) {
+                liveness.set_records(records);
+            }
+        }
     }
 
     /// A new, empty paging file for a non-durable queue in `dir`, replacing

@@ -115,15 +115,6 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         .await
         .map_err(PerfError::amqp("opening the setup channel"))?;
     topology::declare(&setup_channel, &workload).await?;
-    let names = Arc::new(workload.queue_names());
-    let run_key = Arc::new(format!(
-        "sluice-perf-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_nanos())
-    ));
-
     display.note(&format!(
         "{}: {}: opening {} consumer and {} producer connections to {}",
         options.label,
@@ -131,6 +122,57 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         workload.consumers,
         workload.producers,
         topology::redact(&workload.uri)
+    ));
+    let (consumers, publishers) = open_clients(&workload, &stats).await?;
+    let (stop_sender, stop) = watch::channel(false);
+    let start = Instant::now();
+    let mut tasks = Tasks::spawn(&workload, consumers, publishers, start, &stop);
+    let mut sampler = Sampler::default();
+    let (samples, interrupted) = tasks
+        .sample_until_done(&workload, &stats, &mut sampler, &display, start)
+        .await;
+    let _ = stop_sender.send(true);
+    let elapsed = start.elapsed();
+    let mut samples = samples;
+    let last = sampler.sample(&stats, elapsed);
+    if last.interval_s >= PARTIAL_SAMPLE_MIN.as_secs_f64() {
+        display.sample(&last, workload.confirm.is_some());
+        samples.push(last);
+    }
+    display.finish();
+
+    // Collect the tasks (each hands its connection back) and close every connection.
+    let mut connections = vec![setup];
+    connections.extend(tasks.collect().await);
+    let mut errors = tasks.errors;
+    if options.delete_queues {
+        if let Err(err) = topology::delete_queues(&connections[0], &workload).await {
+            errors.push(err.to_string());
+        }
+    }
+    close_all(connections).await;
+    errors.sort();
+    errors.dedup();
+    Ok(RunResult {
+        summary: summarize(&workload, options, &sampler, elapsed, errors),
+        samples,
+        interrupted,
+    })
+}
+
+/// Opens every consumer's and producer's connection, consumers first so
+/// that no message is published before its consumer is there.
+async fn open_clients(
+    workload: &Arc<Workload>,
+    stats: &Arc<Stats>,
+) -> Result<(Vec<Consumer>, Vec<Publisher>), PerfError> {
+    let names = Arc::new(workload.queue_names());
+    let run_key = Arc::new(format!(
+        "sluice-perf-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos())
     ));
     let consumers = open_all(workload.consumers, |index| {
         let (workload, names, run_key, stats) = (
@@ -170,112 +212,154 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         }
     })
     .await?;
+    Ok((consumers, publishers))
+}
 
-    let (stop_sender, stop) = watch::channel(false);
-    let start = Instant::now();
-    let consumer_rate = workload.consumer_rate.unwrap_or(0.0);
-    let consumer_count = consumers.len();
-    let mut consumer_tasks = JoinSet::new();
-    for (index, consumer) in consumers.into_iter().enumerate() {
-        let limiter = RateLimiter::staggered(consumer_rate, start, index, consumer_count);
-        consumer_tasks.spawn(consumer.run(limiter, stop.clone()));
-    }
-    let producer_rate = workload.rate.unwrap_or(0.0);
-    let producer_count = publishers.len();
-    let mut producer_tasks = JoinSet::new();
-    for (index, publisher) in publishers.into_iter().enumerate() {
-        let limiter = RateLimiter::staggered(producer_rate, start, index, producer_count);
-        producer_tasks.spawn(publisher.run(limiter, stop.clone()));
+/// The running producers and consumers, and what those that ended handed
+/// back.
+struct Tasks {
+    producers: JoinSet<Result<Publisher, PerfError>>,
+    consumers: JoinSet<Result<Consumer, PerfError>>,
+    finished_publishers: Vec<Publisher>,
+    finished_consumers: Vec<Consumer>,
+    errors: Vec<String>,
+}
+
+impl Tasks {
+    /// Starts every client, each on its own schedule, staggered across the
+    /// rate's interval.
+    fn spawn(
+        workload: &Workload,
+        consumers: Vec<Consumer>,
+        publishers: Vec<Publisher>,
+        start: Instant,
+        stop: &watch::Receiver<bool>,
+    ) -> Tasks {
+        let consumer_rate = workload.consumer_rate.unwrap_or(0.0);
+        let consumer_count = consumers.len();
+        let mut consumer_tasks = JoinSet::new();
+        for (index, consumer) in consumers.into_iter().enumerate() {
+            let limiter = RateLimiter::staggered(consumer_rate, start, index, consumer_count);
+            consumer_tasks.spawn(consumer.run(limiter, stop.clone()));
+        }
+        let producer_rate = workload.rate.unwrap_or(0.0);
+        let producer_count = publishers.len();
+        let mut producer_tasks = JoinSet::new();
+        for (index, publisher) in publishers.into_iter().enumerate() {
+            let limiter = RateLimiter::staggered(producer_rate, start, index, producer_count);
+            producer_tasks.spawn(publisher.run(limiter, stop.clone()));
+        }
+        Tasks {
+            producers: producer_tasks,
+            consumers: consumer_tasks,
+            finished_publishers: Vec::new(),
+            finished_consumers: Vec::new(),
+            errors: Vec::new(),
+        }
     }
 
-    let mut sampler = Sampler::default();
-    let mut samples = Vec::new();
-    let mut errors = Vec::new();
-    let mut finished_publishers = Vec::new();
-    let mut finished_consumers = Vec::new();
-    let mut ticker = tokio::time::interval_at(start + SAMPLE_INTERVAL, SAMPLE_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let deadline = workload
-        .time
-        .map(|seconds| start + Duration::from_secs_f64(seconds));
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut interrupted = false;
-    let confirms = workload.confirm.is_some();
-    loop {
-        tokio::select! {
-            biased;
-            _ = ticker.tick() => {
-                let sample = sampler.sample(&stats, start.elapsed());
-                display.sample(&sample, confirms);
-                samples.push(sample);
+    /// Samples every second until the run's time is up, every client is
+    /// done, one failed, or Ctrl-C. Returns the samples and whether it was
+    /// interrupted.
+    async fn sample_until_done(
+        &mut self,
+        workload: &Workload,
+        stats: &Stats,
+        sampler: &mut Sampler,
+        display: &Display,
+        start: Instant,
+    ) -> (Vec<Sample>, bool) {
+        let mut samples = Vec::new();
+        let mut ticker = tokio::time::interval_at(start + SAMPLE_INTERVAL, SAMPLE_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let deadline = workload
+            .time
+            .map(|seconds| start + Duration::from_secs_f64(seconds));
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let confirms = workload.confirm.is_some();
+        loop {
+            tokio::select! {
+                biased;
+                _ = ticker.tick() => {
+                    let sample = sampler.sample(stats, start.elapsed());
+                    display.sample(&sample, confirms);
+                    samples.push(sample);
+                }
+                _ = sleep_until_some(deadline) => break,
+                Some(joined) = self.producers.join_next(), if !self.producers.is_empty() => {
+                    match flatten(joined) {
+                        Ok(publisher) => self.finished_publishers.push(publisher),
+                        Err(err) => { self.errors.push(err.to_string()); break; }
+                    }
+                }
+                Some(joined) = self.consumers.join_next(), if !self.consumers.is_empty() => {
+                    match flatten(joined) {
+                        Ok(consumer) => self.finished_consumers.push(consumer),
+                        Err(err) => { self.errors.push(err.to_string()); break; }
+                    }
+                }
+                _ = &mut ctrl_c => return (samples, true),
             }
-            _ = sleep_until_some(deadline) => break,
-            Some(joined) = producer_tasks.join_next(), if !producer_tasks.is_empty() => {
+            if self.producers.is_empty() && self.consumers.is_empty() {
+                break;
+            }
+        }
+        (samples, false)
+    }
+
+    /// Waits for every client to stop (aborting those that do not within
+    /// [`STOP_TIMEOUT`]) and returns their connections.
+    async fn collect(&mut self) -> Vec<lapin::Connection> {
+        let (producers, consumers) = (&mut self.producers, &mut self.consumers);
+        let (publishers, finished_consumers, errors) = (
+            &mut self.finished_publishers,
+            &mut self.finished_consumers,
+            &mut self.errors,
+        );
+        let collect = async {
+            while let Some(joined) = producers.join_next().await {
                 match flatten(joined) {
-                    Ok(publisher) => finished_publishers.push(publisher),
-                    Err(err) => { errors.push(err.to_string()); break; }
+                    Ok(publisher) => publishers.push(publisher),
+                    Err(err) => errors.push(err.to_string()),
                 }
             }
-            Some(joined) = consumer_tasks.join_next(), if !consumer_tasks.is_empty() => {
+            while let Some(joined) = consumers.join_next().await {
                 match flatten(joined) {
                     Ok(consumer) => finished_consumers.push(consumer),
-                    Err(err) => { errors.push(err.to_string()); break; }
+                    Err(err) => errors.push(err.to_string()),
                 }
             }
-            _ = &mut ctrl_c => { interrupted = true; break; }
+        };
+        if tokio::time::timeout(STOP_TIMEOUT, collect).await.is_err() {
+            self.errors.push(format!(
+                "{} tasks did not stop within {STOP_TIMEOUT:?}",
+                self.producers.len() + self.consumers.len()
+            ));
+            self.producers.abort_all();
+            self.consumers.abort_all();
         }
-        if producer_tasks.is_empty() && consumer_tasks.is_empty() {
-            break;
-        }
+        let mut connections: Vec<lapin::Connection> = self
+            .finished_publishers
+            .drain(..)
+            .map(|p| p.connection)
+            .collect();
+        connections.extend(self.finished_consumers.drain(..).map(|c| c.connection));
+        connections
     }
-    let _ = stop_sender.send(true);
-    let elapsed = start.elapsed();
-    let last = sampler.sample(&stats, elapsed);
-    if last.interval_s >= PARTIAL_SAMPLE_MIN.as_secs_f64() {
-        display.sample(&last, confirms);
-        samples.push(last);
-    }
-    display.finish();
+}
 
-    // Collect the tasks (each hands its connection back) and close every connection.
-    let mut connections = vec![setup];
-    let collect = async {
-        while let Some(joined) = producer_tasks.join_next().await {
-            match flatten(joined) {
-                Ok(publisher) => finished_publishers.push(publisher),
-                Err(err) => errors.push(err.to_string()),
-            }
-        }
-        while let Some(joined) = consumer_tasks.join_next().await {
-            match flatten(joined) {
-                Ok(consumer) => finished_consumers.push(consumer),
-                Err(err) => errors.push(err.to_string()),
-            }
-        }
-    };
-    if tokio::time::timeout(STOP_TIMEOUT, collect).await.is_err() {
-        errors.push(format!(
-            "{} tasks did not stop within {STOP_TIMEOUT:?}",
-            producer_tasks.len() + consumer_tasks.len()
-        ));
-        producer_tasks.abort_all();
-        consumer_tasks.abort_all();
-    }
-    connections.extend(finished_publishers.into_iter().map(|p| p.connection));
-    connections.extend(finished_consumers.into_iter().map(|c| c.connection));
-    if options.delete_queues {
-        if let Err(err) = topology::delete_queues(&connections[0], &workload).await {
-            errors.push(err.to_string());
-        }
-    }
-    close_all(connections).await;
-
-    errors.sort();
-    errors.dedup();
+/// The run's totals and rates.
+fn summarize(
+    workload: &Workload,
+    options: &RunOptions,
+    sampler: &Sampler,
+    elapsed: Duration,
+    errors: Vec<String>,
+) -> Summary {
     let counts = sampler.counts();
     let elapsed_s = elapsed.as_secs_f64().max(0.001);
-    let summary = Summary {
+    Summary {
         label: options.label.clone(),
         description: workload.describe(),
         elapsed_s,
@@ -290,13 +374,8 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         consumer_latency_us: sampler.consumer_latency_total(),
         confirm_latency_us: sampler.confirm_latency_total(),
         errors,
-        workload: (*workload).clone(),
-    };
-    Ok(RunResult {
-        summary,
-        samples,
-        interrupted,
-    })
+        workload: workload.clone(),
+    }
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {

@@ -236,6 +236,30 @@ pub async fn handshake(
         writer.write_all(&PROTOCOL_HEADER).await?;
         return Err(HandshakeError::BadProtocolHeader(header.to_vec()));
     }
+    let (start_ok, user, client_capabilities) =
+        authenticate(reader, writer, peer, broker, settings).await?;
+    let (frame_max, channel_max, heartbeat_secs) = tune(reader, writer, settings).await?;
+    let vhost = open_vhost(reader, writer, broker, timeout).await?;
+    Ok(Negotiated {
+        frame_max,
+        channel_max,
+        heartbeat_secs,
+        vhost,
+        user,
+        client_capabilities,
+        client_properties: start_ok.client_properties,
+    })
+}
+
+/// connection.start and start-ok: the client's credentials checked. Returns
+/// the start-ok, the user and the client's capabilities.
+async fn authenticate(
+    reader: &mut FrameReader,
+    writer: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    broker: &Broker,
+    settings: &ServerSettings,
+) -> Result<(connection::StartOk, String, ClientCapabilities), HandshakeError> {
     send(
         writer,
         AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
@@ -247,9 +271,8 @@ pub async fn handshake(
         })),
     )
     .await?;
-
     let connection::AMQPMethod::StartOk(start_ok) =
-        expect_connection_method(reader, timeout, "connection.start-ok").await?
+        expect_connection_method(reader, settings.handshake_timeout, "connection.start-ok").await?
     else {
         return Err(HandshakeError::Refused(
             AmqpError::command_invalid("expected 'connection.start-ok'"),
@@ -277,7 +300,16 @@ pub async fn handshake(
             0,
         ));
     }
+    Ok((start_ok, user, client_capabilities))
+}
 
+/// connection.tune and tune-ok: the limits both sides accept, as
+/// (frame_max, channel_max, heartbeat seconds).
+async fn tune(
+    reader: &mut FrameReader,
+    writer: &mut OwnedWriteHalf,
+    settings: &ServerSettings,
+) -> Result<(u32, u16, u16), HandshakeError> {
     send(
         writer,
         AMQPClass::Connection(connection::AMQPMethod::Tune(connection::Tune {
@@ -288,7 +320,7 @@ pub async fn handshake(
     )
     .await?;
     let connection::AMQPMethod::TuneOk(tune_ok) =
-        expect_connection_method(reader, timeout, "connection.tune-ok").await?
+        expect_connection_method(reader, settings.handshake_timeout, "connection.tune-ok").await?
     else {
         return Err(HandshakeError::Refused(
             AmqpError::command_invalid("expected 'connection.tune-ok'"),
@@ -322,7 +354,16 @@ pub async fn handshake(
         requested => requested,
     };
     reader.frame_max = frame_max;
+    Ok((frame_max, channel_max, tune_ok.heartbeat))
+}
 
+/// connection.open: the vhost the client asks for, which must exist.
+async fn open_vhost(
+    reader: &mut FrameReader,
+    writer: &mut OwnedWriteHalf,
+    broker: &Broker,
+    timeout: Duration,
+) -> Result<Arc<VirtualHost>, HandshakeError> {
     let connection::AMQPMethod::Open(open) =
         expect_connection_method(reader, timeout, "connection.open").await?
     else {
@@ -345,15 +386,7 @@ pub async fn handshake(
         AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
     )
     .await?;
-    Ok(Negotiated {
-        frame_max,
-        channel_max,
-        heartbeat_secs: tune_ok.heartbeat,
-        vhost,
-        user,
-        client_capabilities,
-        client_properties: start_ok.client_properties,
-    })
+    Ok(vhost)
 }
 
 /// Sends connection.close for a refused handshake and gives the client a
