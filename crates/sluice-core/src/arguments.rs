@@ -500,7 +500,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            error.reply_text(),
+            error.reply_text().as_str(),
             "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received the value '10' of type 'signedint' but current is none"
         );
     }
@@ -546,7 +546,7 @@ mod tests {
         arguments.insert("x-message-ttl".into(), AMQPValue::Timestamp(5));
         let error = check_queue_arguments(&arguments, "queue 'q' in vhost '/'").unwrap_err();
         assert_eq!(
-            error.reply_text(),
+            error.reply_text().as_str(),
             "PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'q' in vhost '/': \"expected integer, got timestamp\""
         );
         arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(5));

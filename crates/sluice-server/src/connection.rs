@@ -468,7 +468,7 @@ impl Connection {
             0,
             AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
                 reply_code: error.code.code(),
-                reply_text: error.reply_text().as_str().into(),
+                reply_text: error.reply_text(),
                 class_id,
                 method_id,
             })),
@@ -818,7 +818,7 @@ impl Connection {
             channel_id,
             AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
                 reply_code: error.code.code(),
-                reply_text: error.reply_text().as_str().into(),
+                reply_text: error.reply_text(),
                 class_id,
                 method_id,
             })),

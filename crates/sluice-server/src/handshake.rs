@@ -400,7 +400,7 @@ pub async fn refuse(
 ) {
     let close = AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
         reply_code: error.code.code(),
-        reply_text: error.reply_text().as_str().into(),
+        reply_text: error.reply_text(),
         class_id,
         method_id,
     }));

@@ -354,6 +354,28 @@ async fn connection_open_to_missing_vhost_is_not_allowed() {
     server.stop().await;
 }
 
+/// A vhost name of 250 bytes makes "vhost … not found" longer than a short
+/// string: the text is cut as RabbitMQ cuts it, where it used to panic the
+/// connection's task and leave the client without an answer.
+#[tokio::test]
+async fn connection_open_to_a_long_missing_vhost_gets_a_cut_text() {
+    let server = TestServer::start().await;
+    let mut client = RawClient::connect(server.address).await;
+    let handshake = Handshake {
+        vhost: "v".repeat(250),
+        ..Handshake::default()
+    };
+    client.handshake_until_open(&handshake).await;
+    let close = client.expect_connection_close().await;
+    let (code, text) = close_reply(&close);
+    assert_eq!(code, 530);
+    assert_eq!(text.len(), 255, "{text}");
+    assert!(text.starts_with("NOT_ALLOWED - vhost vvv"), "{text}");
+    assert!(text.ends_with("..."), "{text}");
+    drop(client);
+    server.stop().await;
+}
+
 // ----- heartbeats -----
 
 #[tokio::test]

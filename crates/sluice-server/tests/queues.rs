@@ -764,3 +764,38 @@ async fn queues_max_length_drop_head_applies_to_requeued_messages() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// A reply text quoting a 255-byte name is longer than the protocol's short
+/// string: it is cut as RabbitMQ cuts it, and the connection carries on.
+#[tokio::test]
+async fn queues_error_quoting_a_longest_name_is_cut_to_fit_and_the_connection_lives() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    let name = "q".repeat(255);
+    declare(&channel, &name).await;
+    let redeclared = channel
+        .queue_declare(
+            name.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let (code, text) = amqp_error(redeclared);
+    assert_eq!(code, 406);
+    assert_eq!(text.len(), 255, "{text}");
+    assert!(
+        text.starts_with("PRECONDITION_FAILED - inequivalent arg 'durable'"),
+        "{text}"
+    );
+    assert!(text.ends_with("..."), "{text}");
+    let again = connection
+        .create_channel()
+        .await
+        .expect("the connection lives");
+    declare(&again, "after").await;
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
