@@ -12,6 +12,7 @@
 //! - [`delivery`]: what queues call to deliver to a channel's consumers.
 //! - [`outbox`]: a connection's output buffer and its writer task.
 //! - [`frame_reader`]: frames off the socket.
+//! - [`data_dir_lock`]: one server per data directory.
 //! - [`limits`]: every bound on a buffer or queue, in one place.
 
 pub mod alarm;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod connection;
 pub mod connection_context;
 pub mod connection_registry;
+pub mod data_dir_lock;
 pub mod delivery;
 pub mod frame_reader;
 pub mod handshake;

@@ -21,6 +21,7 @@ use crate::cluster_config::Membership;
 use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
+use crate::data_dir_lock::{DataDirLock, DataDirLockError};
 use crate::in_flight::InFlightBytes;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
@@ -44,6 +45,8 @@ pub enum ServerError {
     },
     #[error("invalid resource limit")]
     Limit(#[source] LimitError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirLockError),
     #[error("invalid cluster configuration: {0}")]
     Cluster(String),
     #[error("cannot read the cluster's cookie")]
@@ -64,6 +67,8 @@ pub struct RunningServer {
     connections: Arc<ConnectionRegistry>,
     in_flight: Arc<InFlightBytes>,
     links: Option<Arc<Links>>,
+    /// Held while the server runs: no second server on this data directory.
+    _data_dir_lock: DataDirLock,
 }
 
 impl RunningServer {
@@ -132,6 +137,8 @@ pub async fn start_with_cluster_listener(
         Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
         None => None,
     };
+    // Before anything in the directory is read or written.
+    let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
     let listener =
         tcp_listen_options::bind(config.listen, &config.tcp_listen_options).map_err(|source| {
             ServerError::Bind {
@@ -192,6 +199,7 @@ pub async fn start_with_cluster_listener(
         connections,
         in_flight,
         links,
+        _data_dir_lock: data_dir_lock,
     })
 }
 
