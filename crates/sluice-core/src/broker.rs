@@ -9,7 +9,7 @@ use crate::definitions::{DefinitionStore, Definitions};
 use crate::policy::{Policy, VhostPolicies};
 use crate::queue::ConnectionId;
 use crate::reply_to::ReplyRegistry;
-use crate::vhost::VirtualHost;
+use crate::vhost::{RecoveryError, VirtualHost};
 
 pub struct User {
     pub name: String,
@@ -55,15 +55,18 @@ impl Broker {
     /// A node with the default vhost and user, as RabbitMQ creates them on
     /// first start.
     pub fn new(settings: &BrokerSettings) -> Self {
-        Self::open(settings, None)
+        Self::open(settings, None).expect("a node without storage recovers nothing")
     }
 
     /// A node whose durable state lives in `store`: the vhosts saved there
     /// come back with their durable exchanges, queues, messages and bindings.
+    ///
+    /// # Errors
+    /// A durable queue that cannot be recovered (see [`VirtualHost::recover`]).
     pub fn open(
         settings: &BrokerSettings,
         store: Option<(Arc<DefinitionStore>, Definitions)>,
-    ) -> Self {
+    ) -> Result<Self, RecoveryError> {
         let (store, definitions) = match store {
             Some((store, definitions)) => (Some(store), definitions),
             None => (None, Definitions::default()),
@@ -87,7 +90,7 @@ impl Broker {
             reply_to: Arc::new(ReplyRegistry::default()),
         };
         for (name, vhost_definitions) in &definitions.vhosts {
-            broker.add_vhost(name).recover(vhost_definitions);
+            broker.add_vhost(name).recover(vhost_definitions)?;
         }
         broker.add_vhost(&settings.default_vhost);
         broker.add_user(
@@ -95,7 +98,7 @@ impl Broker {
             &settings.default_pass,
             settings.loopback_users.contains(&settings.default_user),
         );
-        broker
+        Ok(broker)
     }
 
     pub fn add_vhost(&self, name: &str) -> Arc<VirtualHost> {

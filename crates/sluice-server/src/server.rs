@@ -11,6 +11,7 @@ use sluice_core::broker::{Broker, BrokerSettings};
 use sluice_core::definitions::{DefinitionStore, Definitions};
 use sluice_core::definitions_import::{load_definitions, DefinitionsFileError, LoadedDefinitions};
 use sluice_core::paging::StoreSettings;
+use sluice_core::vhost::RecoveryError;
 use sluice_store::GroupCommit;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -47,6 +48,8 @@ pub enum ServerError {
     Limit(#[source] LimitError),
     #[error(transparent)]
     DataDir(#[from] DataDirLockError),
+    #[error(transparent)]
+    Recovery(RecoveryError),
     #[error("invalid cluster configuration: {0}")]
     Cluster(String),
     #[error("cannot read the cluster's cookie")]
@@ -159,7 +162,15 @@ pub async fn start_with_cluster_listener(
     .map_err(ServerError::Limit)?;
     let (group_commit, durable_rounds, store, definitions) =
         open_store(&config, alarm_monitor.limits().memory_watermark_bytes)?;
-    let broker = open_broker(&config, loaded.as_mut(), &store, definitions);
+    let broker = match open_broker(&config, loaded.as_mut(), &store, definitions) {
+        Ok(broker) => broker,
+        Err(error) => {
+            // Nothing is lost: the journals and definitions stay as they were.
+            store.stop();
+            group_commit.stop();
+            return Err(ServerError::Recovery(error));
+        }
+    };
     if let Some(loaded) = &loaded {
         broker.import_definitions(&loaded.file);
     }
@@ -243,8 +254,8 @@ fn open_broker(
     loaded: Option<&mut LoadedDefinitions>,
     store: &Arc<DefinitionStore>,
     definitions: Definitions,
-) -> Arc<Broker> {
-    Arc::new(Broker::open(
+) -> Result<Arc<Broker>, RecoveryError> {
+    Broker::open(
         &BrokerSettings {
             default_user: config.default_user.clone(),
             default_pass: config.default_pass.clone(),
@@ -255,7 +266,8 @@ fn open_broker(
                 .unwrap_or_default(),
         },
         Some((Arc::clone(store), definitions)),
-    ))
+    )
+    .map(Arc::new)
 }
 
 /// Links this node with the others of its cluster, with the shared cookie.

@@ -456,3 +456,73 @@ async fn durability_message_ttl_keeps_counting_while_the_node_is_down() {
     server.stop().await;
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// A durable queue whose journal cannot be opened at start stops the node
+/// with a message naming it, rather than coming up without it: skipped, the
+/// queue would have been dropped from the definitions at the next save, its
+/// messages with it. Once the cause is fixed, the node starts with the queue
+/// and its messages.
+#[tokio::test]
+async fn durability_unreadable_journal_stops_the_start_and_drops_nothing() {
+    let data_dir = fresh_data_dir("unreadable-journal");
+    let server = start_on(&data_dir).await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .queue_declare("kept".into(), durable(), FieldTable::default())
+        .await
+        .unwrap();
+    for body in [&b"one"[..], b"two"] {
+        channel
+            .basic_publish(
+                "".into(),
+                "kept".into(),
+                Default::default(),
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let journal = data_dir
+        .join("queues")
+        .join(server.queue("kept").store_id().unwrap());
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+
+    // The journal's directory is replaced by a file: it cannot be opened.
+    let aside = data_dir.join("journal-aside");
+    std::fs::rename(&journal, &aside).unwrap();
+    std::fs::write(&journal, b"not a directory").unwrap();
+    let config = sluice_server::config::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.clone(),
+        ..Default::default()
+    };
+    let error = match sluice_server::start(config).await {
+        Ok(_) => panic!("a node missing a durable queue's journal started"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("queue 'kept' in vhost '/'"), "{error}");
+
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::rename(&aside, &journal).unwrap();
+    let server = start_on(&data_dir).await;
+    let (connection, channel) = open(&server).await;
+    assert_eq!(
+        get_body(&channel, "kept", true).await.as_deref(),
+        Some(&b"one"[..])
+    );
+    assert_eq!(
+        get_body(&channel, "kept", true).await.as_deref(),
+        Some(&b"two"[..])
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}

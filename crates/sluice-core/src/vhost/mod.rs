@@ -13,6 +13,7 @@ mod routing;
 mod topology;
 
 pub use publish::{PublishScratch, Published};
+pub use recovery::RecoveryError;
 pub use routing::{RouteScratch, ROUTING_EXCHANGE_HOPS_MAX};
 
 use std::collections::{HashMap, HashSet};

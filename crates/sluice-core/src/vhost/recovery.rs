@@ -8,18 +8,33 @@ use crate::definitions::{
 };
 use crate::exchange::{Destination, ExchangeKind};
 use crate::queue::{Queue, QueueOptions};
-use crate::queue_factory::create_queue;
+use crate::queue_factory::{create_queue, QueueCreateError};
+
+/// A durable queue that could not be brought back at start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot recover queue '{queue}' in vhost '{vhost}' (journal queues/{store_id} in the data directory): {error}; the node does not start rather than drop a durable queue: fix the cause and start it again")]
+pub struct RecoveryError {
+    pub queue: String,
+    pub vhost: String,
+    pub store_id: String,
+    #[source]
+    pub error: QueueCreateError,
+}
 
 impl VirtualHost {
     /// Rebuilds durable exchanges, queues (with their journals) and bindings
-    /// saved by an earlier run. A queue whose journal cannot be read is
-    /// skipped with an error in the log rather than stopping the node.
-    pub fn recover(&self, definitions: &VhostDefinitions) {
+    /// saved by an earlier run.
+    ///
+    /// # Errors
+    /// A durable queue that cannot be brought back (its journal cannot be
+    /// opened or read): the node does not start. Skipping it would drop its
+    /// definition, and its messages with it, at the next save.
+    pub fn recover(&self, definitions: &VhostDefinitions) -> Result<(), RecoveryError> {
         if self.store.is_none() {
-            return;
+            return Ok(());
         }
         self.recover_exchanges(&definitions.exchanges);
-        let recovered_queues = self.recover_queues(&definitions.queues);
+        let recovered_queues = self.recover_queues(&definitions.queues)?;
         self.recover_bindings(&definitions.bindings);
         // Only now that the bindings are back: a message that expired while
         // the node was down is due at once, and its dead-letter exchange
@@ -27,6 +42,7 @@ impl VirtualHost {
         for queue in recovered_queues {
             queue.start_timers();
         }
+        Ok(())
     }
 
     fn recover_exchanges(&self, definitions: &[ExchangeDefinition]) {
@@ -50,7 +66,10 @@ impl VirtualHost {
 
     /// The queues back, with what their journals hold; returns them for
     /// their timers to start once the bindings are back too.
-    fn recover_queues(&self, definitions: &[QueueDefinition]) -> Vec<Arc<dyn Queue>> {
+    fn recover_queues(
+        &self,
+        definitions: &[QueueDefinition],
+    ) -> Result<Vec<Arc<dyn Queue>>, RecoveryError> {
         let mut recovered = Vec::with_capacity(definitions.len());
         let mut queues = self.queues_mut();
         for definition in definitions {
@@ -68,18 +87,17 @@ impl VirtualHost {
                 &effective,
                 Some(definition.store_id.clone()),
             );
-            let queue = match create_queue(spec) {
-                Ok(queue) => queue,
-                Err(error) => {
-                    tracing::error!(queue = %definition.name, %error, "skipping a queue whose journal cannot be read");
-                    continue;
-                }
-            };
+            let queue = create_queue(spec).map_err(|error| RecoveryError {
+                queue: definition.name.clone(),
+                vhost: self.name.to_string(),
+                store_id: definition.store_id.clone(),
+                error,
+            })?;
             tracing::info!(queue = %definition.name, vhost = %self.name, messages = queue.message_count(), "recovered queue");
             recovered.push(Arc::clone(&queue));
             queues.insert(name, queue);
         }
-        recovered
+        Ok(recovered)
     }
 
     fn recover_bindings(&self, definitions: &[BindingDefinition]) {
