@@ -53,6 +53,7 @@ impl ClassicQueue {
     /// and delivers them again.
     pub(super) fn requeue_messages(&self, messages: &[MessageId]) {
         let mut state = self.lock();
+        let mut requeued = Vec::with_capacity(messages.len());
         for offset in messages {
             let Some(mut entry) = state.unacked.remove(*offset) else {
                 continue;
@@ -68,9 +69,11 @@ impl ClassicQueue {
             let body_size = entry.message.body_size() as u64;
             state.ready_bytes += body_size;
             state.resident_bytes.add(body_size);
-            // Every paged message is newer than a delivered one.
-            state.ready.insert_by_offset(entry);
+            requeued.push(entry);
         }
+        // Back where their offsets place them, all at once: every paged
+        // message is newer than a delivered one.
+        state.ready.merge_requeued(requeued);
         // Requeued messages count against the limits again, as in
         // RabbitMQ's `requeue_and_run`: the oldest go (dead-lettered where
         // the queue says so) before anything is delivered.
