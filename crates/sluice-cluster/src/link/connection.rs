@@ -162,18 +162,9 @@ async fn write_loop(
             Err(_) => encode_frame(&mut out, LINK_CHANNEL, FrameKind::Heartbeat, b""),
             // Every sender is gone: the node dropped the link.
             Ok(None) => return LinkDown::Shutdown,
-            Ok(Some(outgoing)) => {
-                encode_frame(
-                    &mut out,
-                    outgoing.channel,
-                    FrameKind::Data,
-                    &outgoing.payload,
-                );
-                written.push(outgoing);
-                while out.len() < WRITE_BATCH_BYTES {
-                    let Ok(outgoing) = queue.try_recv() else {
-                        break;
-                    };
+            Ok(Some(first)) => {
+                let mut next = Some(first);
+                while let Some(outgoing) = next {
                     encode_frame(
                         &mut out,
                         outgoing.channel,
@@ -181,6 +172,11 @@ async fn write_loop(
                         &outgoing.payload,
                     );
                     written.push(outgoing);
+                    next = if out.len() < WRITE_BATCH_BYTES {
+                        queue.try_recv().ok()
+                    } else {
+                        None
+                    };
                 }
             }
         }

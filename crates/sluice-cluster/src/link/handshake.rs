@@ -53,37 +53,10 @@ pub struct Handshaken {
     pub buffer: BytesMut,
 }
 
-fn proof(
-    cookie: &Cookie,
-    role: &[u8],
-    names: (&NodeName, &NodeName),
-    nonces: (&[u8], &[u8]),
-) -> hmac::Tag {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, cookie.as_bytes());
-    let mut context = hmac::Context::with_key(&key);
-    context.update(role);
-    for part in [
-        names.0.as_str().as_bytes(),
-        names.1.as_str().as_bytes(),
-        nonces.0,
-        nonces.1,
-    ] {
-        context.update(&(part.len() as u32).to_be_bytes());
-        context.update(part);
-    }
-    context.sign()
-}
-
-fn verify(
-    cookie: &Cookie,
-    role: &[u8],
-    names: (&NodeName, &NodeName),
-    nonces: (&[u8], &[u8]),
-    tag: &[u8],
-) -> bool {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, cookie.as_bytes());
-    let mut message = Vec::new();
-    message.extend_from_slice(role);
+/// What a proof signs: the role, then both names and both nonces, each
+/// with its length, so no two different handshakes sign the same bytes.
+fn proof_message(role: &[u8], names: (&NodeName, &NodeName), nonces: (&[u8], &[u8])) -> Vec<u8> {
+    let mut message = role.to_vec();
     for part in [
         names.0.as_str().as_bytes(),
         names.1.as_str().as_bytes(),
@@ -93,7 +66,29 @@ fn verify(
         message.extend_from_slice(&(part.len() as u32).to_be_bytes());
         message.extend_from_slice(part);
     }
-    hmac::verify(&key, &message, tag).is_ok()
+    message
+}
+
+fn proof(
+    cookie: &Cookie,
+    role: &[u8],
+    names: (&NodeName, &NodeName),
+    nonces: (&[u8], &[u8]),
+) -> hmac::Tag {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, cookie.as_bytes());
+    hmac::sign(&key, &proof_message(role, names, nonces))
+}
+
+/// Checks a peer's proof in constant time.
+fn verify(
+    cookie: &Cookie,
+    role: &[u8],
+    names: (&NodeName, &NodeName),
+    nonces: (&[u8], &[u8]),
+    tag: &[u8],
+) -> bool {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, cookie.as_bytes());
+    hmac::verify(&key, &proof_message(role, names, nonces), tag).is_ok()
 }
 
 fn nonce() -> [u8; NONCE_BYTES] {

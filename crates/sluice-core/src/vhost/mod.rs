@@ -379,29 +379,15 @@ impl VirtualHost {
                 existing.kind.as_str()
             )));
         }
-        if existing.durable != declaration.durable {
-            return Err(inequivalent_flag(
-                "durable",
-                &what,
-                declaration.durable,
-                existing.durable,
-            ));
-        }
-        if existing.auto_delete != declaration.auto_delete {
-            return Err(inequivalent_flag(
-                "auto_delete",
-                &what,
-                declaration.auto_delete,
-                existing.auto_delete,
-            ));
-        }
-        if existing.internal != declaration.internal {
-            return Err(inequivalent_flag(
-                "internal",
-                &what,
-                declaration.internal,
-                existing.internal,
-            ));
+        let flags = [
+            ("durable", declaration.durable, existing.durable),
+            ("auto_delete", declaration.auto_delete, existing.auto_delete),
+            ("internal", declaration.internal, existing.internal),
+        ];
+        for (flag, received, current) in flags {
+            if received != current {
+                return Err(inequivalent_flag(flag, &what, received, current));
+            }
         }
         check_equivalence(
             EXCHANGE_EQUIVALENCE_KEYS,
