@@ -132,6 +132,9 @@ pub async fn start_with_cluster_listener(
     config: Config,
     cluster_listener: Option<TcpListener>,
 ) -> Result<RunningServer, ServerError> {
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     // Checked first: a misconfigured cluster stops the node before anything
     // is opened.
     let membership = config.cluster.membership().map_err(ServerError::Cluster)?;
@@ -142,17 +145,7 @@ pub async fn start_with_cluster_listener(
     };
     // Before anything in the directory is read or written.
     let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
-    let listener =
-        tcp_listen_options::bind(config.listen, &config.tcp_listen_options).map_err(|source| {
-            ServerError::Bind {
-                address: config.listen,
-                source,
-            }
-        })?;
-    let local_address = listener.local_addr().map_err(|source| ServerError::Bind {
-        address: config.listen,
-        source,
-    })?;
+    let (listener, local_address) = bind_amqp(&config)?;
     // First: the store's read-ahead budget depends on the memory watermark.
     let alarm_monitor = AlarmMonitor::start(
         config.vm_memory_high_watermark(),
@@ -174,18 +167,22 @@ pub async fn start_with_cluster_listener(
     if let Some(loaded) = &loaded {
         broker.import_definitions(&loaded.file);
     }
-    for warning in config.warnings() {
-        tracing::warn!("{warning}");
-    }
+    let links = match membership {
+        Some(membership) => match start_links(&config, membership, cluster_listener).await {
+            Ok(links) => Some(links),
+            Err(error) => {
+                store.stop();
+                group_commit.stop();
+                return Err(error);
+            }
+        },
+        None => None,
+    };
     let alarms = alarm_monitor.subscribe();
     let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
-    let links = match membership {
-        Some(membership) => Some(start_links(&config, membership, cluster_listener).await?),
-        None => None,
-    };
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
     let task = tokio::spawn(accept_loop(
         listener,
@@ -212,6 +209,18 @@ pub async fn start_with_cluster_listener(
         links,
         _data_dir_lock: data_dir_lock,
     })
+}
+
+/// The AMQP listener, with `tcp_listen_options`, and its address.
+fn bind_amqp(config: &Config) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind {
+        address: config.listen,
+        source,
+    };
+    let listener =
+        tcp_listen_options::bind(config.listen, &config.tcp_listen_options).map_err(bind_error)?;
+    let local_address = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local_address))
 }
 
 /// The group commit (and the watch its sync rounds bump, which wakes
