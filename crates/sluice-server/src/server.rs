@@ -139,7 +139,7 @@ pub async fn start_with_cluster_listener(
     // is opened.
     let membership = config.cluster.membership().map_err(ServerError::Cluster)?;
     // Read first: a bad file stops the node before anything is opened.
-    let mut loaded = match &config.load_definitions {
+    let loaded = match &config.load_definitions {
         Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
         None => None,
     };
@@ -153,29 +153,19 @@ pub async fn start_with_cluster_listener(
         config.data_dir.clone(),
     )
     .map_err(ServerError::Limit)?;
-    let (group_commit, durable_rounds, store, definitions) =
-        open_store(&config, alarm_monitor.limits().memory_watermark_bytes)?;
-    let broker = match open_broker(&config, loaded.as_mut(), &store, definitions) {
-        Ok(broker) => broker,
-        Err(error) => {
-            // Nothing is lost: the journals and definitions stay as they were.
-            store.stop();
-            group_commit.stop();
-            return Err(ServerError::Recovery(error));
-        }
-    };
-    if let Some(loaded) = &loaded {
-        broker.import_definitions(&loaded.file);
-    }
+    let (group_commit, durable_rounds, store, broker) = open_node(
+        &config,
+        loaded,
+        alarm_monitor.limits().memory_watermark_bytes,
+    )?;
     let links = match membership {
-        Some(membership) => match start_links(&config, membership, cluster_listener).await {
-            Ok(links) => Some(links),
-            Err(error) => {
+        Some(membership) => {
+            let started = start_links(&config, membership, cluster_listener).await;
+            Some(started.inspect_err(|_| {
                 store.stop();
                 group_commit.stop();
-                return Err(error);
-            }
-        },
+            })?)
+        }
         None => None,
     };
     let alarms = alarm_monitor.subscribe();
@@ -209,6 +199,40 @@ pub async fn start_with_cluster_listener(
         links,
         _data_dir_lock: data_dir_lock,
     })
+}
+
+/// The node's storage and broker: the group commit and the watch its sync
+/// rounds bump, the data directory's definitions, and the broker recovered
+/// from them with a loaded definitions file applied.
+#[allow(clippy::type_complexity)]
+fn open_node(
+    config: &Config,
+    mut loaded: Option<LoadedDefinitions>,
+    memory_watermark_bytes: u64,
+) -> Result<
+    (
+        Arc<GroupCommit>,
+        watch::Receiver<u64>,
+        Arc<DefinitionStore>,
+        Arc<Broker>,
+    ),
+    ServerError,
+> {
+    let (group_commit, durable_rounds, store, definitions) =
+        open_store(config, memory_watermark_bytes)?;
+    let broker = match open_broker(config, loaded.as_mut(), &store, definitions) {
+        Ok(broker) => broker,
+        Err(error) => {
+            // Nothing is lost: the journals and definitions stay as they were.
+            store.stop();
+            group_commit.stop();
+            return Err(ServerError::Recovery(error));
+        }
+    };
+    if let Some(loaded) = &loaded {
+        broker.import_definitions(&loaded.file);
+    }
+    Ok((group_commit, durable_rounds, store, broker))
 }
 
 /// The AMQP listener, with `tcp_listen_options`, and its address.
