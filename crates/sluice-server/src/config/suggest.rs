@@ -44,20 +44,10 @@ pub(super) fn closest_key(key: &str) -> Option<&'static str> {
         .map(|(_, known)| known)
 }
 
-/// Levenshtein distance over bytes; keys are ASCII.
+/// Levenshtein distance: the number of single-character edits between two
+/// keys.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b = b.as_bytes();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    let mut current = vec![0; b.len() + 1];
-    for (i, &ca) in a.as_bytes().iter().enumerate() {
-        current[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != cb);
-            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
-        }
-        std::mem::swap(&mut previous, &mut current);
-    }
-    previous[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 #[cfg(test)]
