@@ -1,0 +1,343 @@
+//! A running Raft group, and proposals to it from any member: the leader
+//! writes them; another member hands them to the leader it knows and then
+//! waits to apply them itself, so that the proposer reads its own write.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use sluice_store::GroupCommit;
+use tokio::sync::watch;
+
+use super::log_store::LogStore;
+use super::state_machine::GroupStateMachine;
+use super::transport::{reply_bytes, GroupEndpoint, GroupNetwork, Transport};
+use super::types::{Command, Raft};
+use super::wire::{ProposeRefusal, Request, Response};
+use super::{ConsensusError, ProposeError, StateMachine};
+use crate::link::Links;
+use crate::node_name::NodeName;
+
+/// How long a proposer waits before asking again when there is no leader,
+/// or the one it asked was not.
+const RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// What a group is started with.
+pub struct GroupSettings {
+    /// 0 is the metadata group.
+    pub group: u64,
+    /// Where its log, vote and snapshot live.
+    pub dir: PathBuf,
+    pub local: NodeName,
+    /// Every voter, the same on every member.
+    pub members: Vec<NodeName>,
+    pub heartbeat_interval: Duration,
+    pub election_timeout: (Duration, Duration),
+    /// Entries between snapshots; the log keeps as many behind the last
+    /// snapshot for members that lag a little.
+    pub snapshot_every: u64,
+}
+
+impl GroupSettings {
+    pub fn new(group: u64, dir: PathBuf, local: NodeName, members: Vec<NodeName>) -> Self {
+        GroupSettings {
+            group,
+            dir,
+            local,
+            members,
+            heartbeat_interval: Duration::from_millis(250),
+            election_timeout: (Duration::from_millis(1000), Duration::from_millis(2000)),
+            snapshot_every: 1000,
+        }
+    }
+
+    /// A member's id: its place in the sorted member list, from 1.
+    fn node_id(&self, node: &NodeName) -> Option<u64> {
+        let mut sorted = self.members.clone();
+        sorted.sort();
+        sorted.dedup();
+        sorted
+            .iter()
+            .position(|member| member == node)
+            .map(|position| position as u64 + 1)
+    }
+
+    fn openraft_config(&self) -> Result<Config, ConsensusError> {
+        let millis = |duration: Duration| duration.as_millis() as u64;
+        Config {
+            cluster_name: format!("sluice-group-{}", self.group),
+            heartbeat_interval: millis(self.heartbeat_interval),
+            election_timeout_min: millis(self.election_timeout.0),
+            election_timeout_max: millis(self.election_timeout.1),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.snapshot_every,
+            // Followers get entries while the leader's own fsync runs.
+            broadcast_submitted_on_append: Some(true),
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|error| ConsensusError::Fatal {
+            group: self.group,
+            reason: error.to_string(),
+        })
+    }
+}
+
+/// The node's consensus: its links (None for a cluster of one), its
+/// group-commit thread, and the transport its groups share.
+pub struct ConsensusNode {
+    wal: Arc<GroupCommit>,
+    transport: Option<Arc<Transport>>,
+}
+
+impl ConsensusNode {
+    pub fn new(links: Option<Arc<Links>>, wal: Arc<GroupCommit>) -> Arc<ConsensusNode> {
+        Arc::new(ConsensusNode {
+            wal,
+            transport: links.map(Transport::start),
+        })
+    }
+
+    /// Opens (or creates) a group's storage, replays it, and starts its
+    /// Raft node; a group never started before is initialized with its
+    /// members (the same on every member, so it is safe on all of them).
+    ///
+    /// # Errors
+    /// Its storage cannot be opened or read.
+    pub async fn start_group(
+        &self,
+        settings: GroupSettings,
+        machine: Box<dyn StateMachine>,
+    ) -> Result<Arc<RaftGroup>, ConsensusError> {
+        let group = settings.group;
+        let fatal = |reason: String| ConsensusError::Fatal { group, reason };
+        let local_id = settings
+            .node_id(&settings.local)
+            .ok_or_else(|| fatal(format!("{} is not a member", settings.local)))?;
+        let dir = &settings.dir;
+        std::fs::create_dir_all(dir).map_err(|error| {
+            ConsensusError::storage(format!("creating {}", dir.display()), error)
+        })?;
+        let log = LogStore::open(dir, Arc::clone(&self.wal)).map_err(|error| {
+            ConsensusError::storage(format!("opening the log in {}", dir.display()), error)
+        })?;
+        let snapshot_path = dir.join("snapshot");
+        let (state_machine, applied) = GroupStateMachine::open(machine, snapshot_path.clone())
+            .map_err(|error| {
+                ConsensusError::storage(format!("reading {}", snapshot_path.display()), error)
+            })?;
+        let transport = match &self.transport {
+            Some(transport) => Arc::clone(transport),
+            None if settings.members.len() == 1 => Transport::detached(),
+            None => return Err(fatal("a group of several members needs links".to_owned())),
+        };
+        let network = GroupNetwork {
+            transport: Arc::clone(&transport),
+            group,
+        };
+        let config = Arc::new(settings.openraft_config()?);
+        let raft = Raft::new(local_id, config, network, log, state_machine)
+            .await
+            .map_err(|error| fatal(error.to_string()))?;
+        let propose_timeout = settings.election_timeout.1 * 4;
+        transport.register(
+            group,
+            GroupEndpoint {
+                raft: raft.clone(),
+                propose_timeout,
+            },
+        );
+        if !raft
+            .is_initialized()
+            .await
+            .map_err(|error| fatal(error.to_string()))?
+        {
+            let members: BTreeMap<u64, BasicNode> = settings
+                .members
+                .iter()
+                .filter_map(|member| {
+                    settings
+                        .node_id(member)
+                        .map(|id| (id, BasicNode::new(member.as_str())))
+                })
+                .collect();
+            // Another member's identical initialization may have come
+            // first: then there is nothing to do.
+            if let Err(error) = raft.initialize(members).await {
+                tracing::debug!(group, %error, "group initialized by another member");
+            }
+        }
+        if settings.members.len() == 1 {
+            // Alone, it need not wait an election timeout to find out that
+            // nobody else leads: it stands at once.
+            raft.trigger()
+                .elect(false)
+                .await
+                .map_err(|error| fatal(error.to_string()))?;
+        }
+        let members: BTreeMap<u64, NodeName> = settings
+            .members
+            .iter()
+            .filter_map(|member| settings.node_id(member).map(|id| (id, member.clone())))
+            .collect();
+        Ok(Arc::new(RaftGroup {
+            group,
+            local_id,
+            raft,
+            members,
+            transport,
+            applied,
+        }))
+    }
+}
+
+/// A group this node is a member of.
+pub struct RaftGroup {
+    group: u64,
+    local_id: u64,
+    raft: Raft,
+    members: BTreeMap<u64, NodeName>,
+    transport: Arc<Transport>,
+    applied: watch::Receiver<u64>,
+}
+
+impl RaftGroup {
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<NodeName> {
+        let leader = self.raft.metrics().borrow_watched().current_leader?;
+        self.members.get(&leader).cloned()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow_watched().current_leader == Some(self.local_id)
+    }
+
+    /// The index of the last entry applied on this node.
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Waits until this node has applied the entry at `index`.
+    ///
+    /// # Errors
+    /// Not applied within `timeout`, or the group stopped.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), ProposeError> {
+        let mut applied = self.applied.clone();
+        let reached = tokio::time::timeout(timeout, async {
+            applied
+                .wait_for(|applied| *applied >= index)
+                .await
+                .map(drop)
+        })
+        .await;
+        match reached {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ProposeError::ShuttingDown),
+            Err(_) => Err(ProposeError::Timeout(timeout)),
+        }
+    }
+
+    /// Proposes `command`; returns the state machine's reply once it is
+    /// committed and applied on this node. Asks again across leader
+    /// changes until `timeout`.
+    ///
+    /// # Errors
+    /// No leader with a majority within `timeout`, or the group failed.
+    pub async fn propose(&self, command: Bytes, timeout: Duration) -> Result<Bytes, ProposeError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ProposeError::Timeout(timeout));
+            }
+            let leader = self.raft.metrics().borrow_watched().current_leader;
+            let attempt = match leader {
+                Some(leader) if leader == self.local_id => self.write_here(&command, left).await,
+                Some(leader) => match self.members.get(&leader) {
+                    Some(peer) => self.write_on(peer, &command, left).await,
+                    None => Attempt::Retry,
+                },
+                None => Attempt::Retry,
+            };
+            match attempt {
+                Attempt::Done(reply) => return Ok(reply),
+                Attempt::Failed(error) => return Err(error),
+                Attempt::Retry => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(RETRY_DELAY.min(left)).await;
+                }
+            }
+        }
+    }
+
+    /// This node is the leader: write, and the reply comes once applied
+    /// here.
+    async fn write_here(&self, command: &Bytes, left: Duration) -> Attempt {
+        let write = self.raft.client_write(Command(command.to_vec()));
+        match tokio::time::timeout(left, write).await {
+            Ok(Ok(response)) => Attempt::Done(Bytes::from(response.data.0)),
+            Ok(Err(error)) if error.forward_to_leader().is_some() => Attempt::Retry,
+            Ok(Err(error)) => Attempt::Failed(ProposeError::Fatal(error.to_string())),
+            Err(_) => Attempt::Failed(ProposeError::Timeout(left)),
+        }
+    }
+
+    /// Another node leads: it writes, then this node waits to apply it.
+    /// A leader that stops answering (hung, cut off) is given up on as
+    /// soon as another is elected, so the proposal goes there instead of
+    /// waiting out the whole timeout on a dead one.
+    async fn write_on(&self, leader: &NodeName, command: &Bytes, left: Duration) -> Attempt {
+        let request = Request::Propose(command.to_vec());
+        let forwarded = self.transport.request(leader, self.group, request, left);
+        let response = tokio::select! {
+            response = forwarded => response,
+            () = self.leader_changes_from(leader) => return Attempt::Retry,
+        };
+        match response {
+            Ok(Response::Proposed(Ok((reply, index)))) => {
+                match self.wait_applied(index, left).await {
+                    Ok(()) => Attempt::Done(reply_bytes(reply)),
+                    Err(error) => Attempt::Failed(error),
+                }
+            }
+            Ok(Response::Proposed(Err(ProposeRefusal::Failed(reason)))) => {
+                tracing::debug!(group = self.group, %leader, %reason, "the leader could not write a proposal");
+                Attempt::Retry
+            }
+            Ok(_) | Err(_) => Attempt::Retry,
+        }
+    }
+
+    /// Resolves once this node knows of a leader other than `leader`.
+    async fn leader_changes_from(&self, leader: &NodeName) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let current = metrics.borrow_watched().current_leader;
+            let current = current.and_then(|id| self.members.get(&id));
+            if current.is_some_and(|current| current != leader) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops the group's Raft node.
+    pub async fn shutdown(&self) {
+        self.transport.unregister(self.group);
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
+        }
+    }
+}
+
+enum Attempt {
+    Done(Bytes),
+    Failed(ProposeError),
+    Retry,
+}
