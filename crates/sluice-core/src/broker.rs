@@ -5,11 +5,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::definitions::{DefinitionStore, Definitions};
+use crate::definitions::DefinitionStore;
+use crate::metadata::{MetadataProposer, NodeIdentity};
 use crate::policy::{Policy, VhostPolicies};
 use crate::queue::ConnectionId;
 use crate::reply_to::ReplyRegistry;
-use crate::vhost::{RecoveryError, VirtualHost};
+use crate::vhost::{RecoveryError, VhostServices, VirtualHost};
 
 pub struct User {
     pub name: String,
@@ -38,11 +39,23 @@ pub struct BrokerSettings {
     pub loopback_users: Vec<String>,
     /// Policies from the definitions file, for every vhost.
     pub policies: Vec<Policy>,
+    /// This node, as the metadata names it.
+    pub node: NodeIdentity,
+    /// This node's place in its cluster's sorted member list (0 for a
+    /// cluster of one): the top bits of its connection ids, so that a
+    /// connection id names one connection in the whole cluster (exclusive
+    /// queues are checked against it on every node).
+    pub node_number: u16,
 }
 
 pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<VirtualHost>>>,
     store: Option<Arc<DefinitionStore>>,
+    node: NodeIdentity,
+    /// Where metadata changes are proposed, once the metadata log is up.
+    pub metadata: Arc<MetadataProposer>,
+    /// Between [`Self::begin_start`] and [`Self::finish_start`].
+    starting: std::sync::atomic::AtomicBool,
     users: RwLock<HashMap<String, User>>,
     next_connection_id: AtomicU64,
     /// Policies by vhost, handed to each vhost when it is created.
@@ -53,24 +66,15 @@ pub struct Broker {
 
 impl Broker {
     /// A node with the default vhost and user, as RabbitMQ creates them on
-    /// first start.
+    /// first start, keeping everything in memory.
     pub fn new(settings: &BrokerSettings) -> Self {
-        Self::open(settings, None).expect("a node without storage recovers nothing")
+        Self::open(settings, None)
     }
 
-    /// A node whose durable state lives in `store`: the vhosts saved there
-    /// come back with their durable exchanges, queues, messages and bindings.
-    ///
-    /// # Errors
-    /// A durable queue that cannot be recovered (see [`VirtualHost::recover`]).
-    pub fn open(
-        settings: &BrokerSettings,
-        store: Option<(Arc<DefinitionStore>, Definitions)>,
-    ) -> Result<Self, RecoveryError> {
-        let (store, definitions) = match store {
-            Some((store, definitions)) => (Some(store), definitions),
-            None => (None, Definitions::default()),
-        };
+    /// A node whose durable queues journal in `store`. Its exchanges,
+    /// queues and bindings come from the metadata log, which the caller
+    /// replays into it (see [`crate::metadata`]).
+    pub fn open(settings: &BrokerSettings, store: Option<Arc<DefinitionStore>>) -> Self {
         let mut by_vhost: HashMap<String, Vec<Policy>> = HashMap::new();
         for policy in &settings.policies {
             by_vhost
@@ -81,24 +85,56 @@ impl Broker {
         let broker = Broker {
             vhosts: RwLock::new(HashMap::new()),
             store,
+            node: settings.node.clone(),
+            metadata: Arc::default(),
+            starting: std::sync::atomic::AtomicBool::new(false),
             users: RwLock::new(HashMap::new()),
-            next_connection_id: AtomicU64::new(1),
+            next_connection_id: AtomicU64::new((u64::from(settings.node_number) << 48) + 1),
             policies: by_vhost
                 .into_iter()
                 .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
                 .collect(),
             reply_to: Arc::new(ReplyRegistry::default()),
         };
-        for (name, vhost_definitions) in &definitions.vhosts {
-            broker.add_vhost(name).recover(vhost_definitions)?;
-        }
         broker.add_vhost(&settings.default_vhost);
         broker.add_user(
             &settings.default_user,
             &settings.default_pass,
             settings.loopback_users.contains(&settings.default_user),
         );
-        Ok(broker)
+        broker
+    }
+
+    /// This node, as the metadata names it.
+    pub fn node(&self) -> &NodeIdentity {
+        &self.node
+    }
+
+    /// The node starts: queues the metadata log brings back wait to start
+    /// their timers until [`Self::finish_start`].
+    pub fn begin_start(&self) {
+        self.starting.store(true, Ordering::Release);
+        for vhost in self.vhosts() {
+            vhost.begin_start();
+        }
+    }
+
+    /// The metadata log is replayed: queues start their timers.
+    ///
+    /// # Errors
+    /// A durable queue of this node that could not be opened: the node does
+    /// not start rather than serve without it.
+    pub fn finish_start(&self) -> Result<(), RecoveryError> {
+        self.starting.store(false, Ordering::Release);
+        let mut unrecoverable = Vec::new();
+        for vhost in self.vhosts() {
+            vhost.finish_start();
+            unrecoverable.extend(vhost.unrecoverable_queues());
+        }
+        match unrecoverable.into_iter().next() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     pub fn add_vhost(&self, name: &str) -> Arc<VirtualHost> {
@@ -108,12 +144,20 @@ impl Broker {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| {
             let policies = self.policies.get(name).cloned().unwrap_or_default();
-            VirtualHost::with_store(
+            let vhost = VirtualHost::with_services(
                 name,
-                self.store.clone(),
                 policies,
-                Arc::clone(&self.reply_to),
-            )
+                VhostServices {
+                    store: self.store.clone(),
+                    reply_to: Arc::clone(&self.reply_to),
+                    node: self.node.clone(),
+                    metadata: Arc::clone(&self.metadata),
+                },
+            );
+            if self.starting.load(Ordering::Acquire) {
+                vhost.begin_start();
+            }
+            vhost
         }))
     }
 
@@ -198,6 +242,8 @@ mod tests {
             default_vhost: "/".into(),
             loopback_users: vec!["guest".into()],
             policies: Vec::new(),
+            node: NodeIdentity::new(NodeIdentity::STANDALONE),
+            node_number: 0,
         })
     }
 

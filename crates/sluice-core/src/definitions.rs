@@ -1,11 +1,12 @@
-//! Durable definitions (exchanges, queues, bindings) kept in one file in the
-//! data directory, rewritten atomically (write, fsync, rename, fsync the
-//! directory) whenever a durable definition changes, and read back at start.
+//! Definitions (exchanges, queues, bindings) as data: what the metadata log's
+//! snapshots hold, and what the single-node versions of Sluice kept in
+//! `definitions.json`, which a node takes over on its first start with the
+//! metadata log. Also the node's storage: the directory of queue journals
+//! and the group-commit thread they share.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,10 @@ use sluice_store::{GroupCommit, StoreError};
 use crate::pager::{Pager, QueueStorage};
 use crate::paging::StoreSettings;
 
-const DEFINITIONS_FILE: &str = "definitions.json";
+/// Where the single-node versions kept the definitions.
+const LEGACY_DEFINITIONS_FILE: &str = "definitions.json";
+/// What it is renamed to once the metadata log holds its contents.
+const LEGACY_DEFINITIONS_TAKEN_OVER: &str = "definitions.json.taken-over";
 const QUEUES_DIR: &str = "queues";
 const PAGING_DIR: &str = "paging";
 
@@ -34,6 +38,9 @@ pub struct VhostDefinitions {
 pub struct ExchangeDefinition {
     pub name: String,
     pub kind: String,
+    /// Always true in `definitions.json`, which held durable ones only.
+    #[serde(default = "durable_by_default")]
+    pub durable: bool,
     pub auto_delete: bool,
     pub internal: bool,
     pub arguments: FieldTable,
@@ -43,10 +50,33 @@ pub struct ExchangeDefinition {
 pub struct QueueDefinition {
     pub name: String,
     /// Names the queue's journal directory; queue names may hold any byte
-    /// and be too long for a file name.
-    pub store_id: String,
+    /// and be too long for a file name. None for a queue without one.
+    #[serde(default)]
+    pub store_id: Option<String>,
+    /// Always true in `definitions.json`, which held durable ones only.
+    #[serde(default = "durable_by_default")]
+    pub durable: bool,
     pub auto_delete: bool,
     pub arguments: FieldTable,
+    /// The connection an exclusive queue belongs to.
+    #[serde(default)]
+    pub exclusive_owner: Option<u64>,
+    /// The node it lives on; None in `definitions.json` (the node that
+    /// takes the file over).
+    #[serde(default)]
+    pub home: Option<String>,
+    /// The run of its home node that declared it: a non-durable queue is
+    /// gone once that node restarts.
+    #[serde(default)]
+    pub home_incarnation: u64,
+    /// The metadata log index that declared it (see
+    /// [`crate::queue::QueueOptions::declared_at`]).
+    #[serde(default)]
+    pub declared_at: u64,
+}
+
+fn durable_by_default() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -59,24 +89,22 @@ pub struct BindingDefinition {
     pub arguments: FieldTable,
 }
 
-/// The node's durable state on disk: the definitions file and the
-/// directory of queue journals, sharing one group-commit thread.
+/// The node's durable state on disk: the directory of queue journals, with
+/// the group-commit thread they (and the metadata log) share.
 pub struct DefinitionStore {
     data_dir: PathBuf,
-    current: Mutex<Definitions>,
     pub group: Arc<GroupCommit>,
     /// What every queue of the node pages and journals with.
     pub storage: Arc<QueueStorage>,
 }
 
 impl DefinitionStore {
-    /// Opens the data directory (created when missing) and reads the
-    /// definitions saved there.
+    /// Opens the data directory (created when missing).
     pub fn open(
         data_dir: &Path,
         group: Arc<GroupCommit>,
         settings: StoreSettings,
-    ) -> Result<(Arc<Self>, Definitions), StoreError> {
+    ) -> Result<Arc<Self>, StoreError> {
         std::fs::create_dir_all(data_dir.join(QUEUES_DIR))
             .map_err(|error| StoreError::io(format!("creating {}", data_dir.display()), error))?;
         // Paging files of non-durable queues mean nothing after a restart.
@@ -91,17 +119,6 @@ impl DefinitionStore {
                 ))
             }
         }
-        let path = data_dir.join(DEFINITIONS_FILE);
-        let definitions = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
-                StoreError::io(
-                    format!("reading {}", path.display()),
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, error),
-                )
-            })?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Definitions::default(),
-            Err(error) => return Err(StoreError::io(format!("reading {}", path.display()), error)),
-        };
         let storage = Arc::new(QueueStorage {
             group: Arc::clone(&group),
             pager: Pager::start(),
@@ -109,13 +126,11 @@ impl DefinitionStore {
             paging_dir,
             resident: Arc::default(),
         });
-        let store = Arc::new(DefinitionStore {
+        Ok(Arc::new(DefinitionStore {
             data_dir: data_dir.to_path_buf(),
-            current: Mutex::new(definitions.clone()),
             group,
             storage,
-        });
-        Ok((store, definitions))
+        }))
     }
 
     /// Stops the pager thread: the node is stopping.
@@ -123,48 +138,41 @@ impl DefinitionStore {
         self.storage.pager.stop();
     }
 
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     pub fn queue_dir(&self, store_id: &str) -> PathBuf {
         self.data_dir.join(QUEUES_DIR).join(store_id)
     }
 
-    /// Replaces one vhost's definitions with a snapshot and rewrites the
-    /// file. The snapshot is taken under the file's lock: two changes saved
-    /// at once would otherwise race, and the one with the older snapshot,
-    /// written last, would drop the other's queue from the file. A failure
-    /// is logged: the change stays in effect in memory, as the client was
-    /// told.
-    pub fn save_vhost(&self, vhost: &str, snapshot: impl FnOnce() -> VhostDefinitions) {
-        let mut current = self
-            .current
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let definitions = snapshot();
-        if current.vhosts.get(vhost) == Some(&definitions) {
-            return;
-        }
-        current.vhosts.insert(vhost.to_owned(), definitions);
-        if let Err(error) = self.write(&current) {
-            tracing::error!(%error, "could not save definitions");
+    /// The definitions a single-node version of Sluice saved in this
+    /// directory, not yet taken over by the metadata log.
+    ///
+    /// # Errors
+    /// The file exists but cannot be read or parsed: the node does not
+    /// start rather than lose what it held.
+    pub fn legacy_definitions(&self) -> Result<Option<Definitions>, StoreError> {
+        let path = self.data_dir.join(LEGACY_DEFINITIONS_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|error| {
+                StoreError::io(
+                    format!("reading {}", path.display()),
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, error),
+                )
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(StoreError::io(format!("reading {}", path.display()), error)),
         }
     }
 
-    fn write(&self, definitions: &Definitions) -> Result<(), StoreError> {
-        let path = self.data_dir.join(DEFINITIONS_FILE);
-        let temporary = self.data_dir.join(format!("{DEFINITIONS_FILE}.tmp"));
-        let bytes = serde_json::to_vec_pretty(definitions).map_err(|error| {
-            StoreError::io(
-                "encoding definitions",
-                std::io::Error::new(std::io::ErrorKind::InvalidData, error),
-            )
-        })?;
-        let context = |what: &str| format!("{what} {}", temporary.display());
-        let mut file = std::fs::File::create(&temporary)
-            .map_err(|error| StoreError::io(context("creating"), error))?;
-        file.write_all(&bytes)
-            .and_then(|_| file.sync_all())
-            .map_err(|error| StoreError::io(context("writing"), error))?;
-        std::fs::rename(&temporary, &path)
-            .map_err(|error| StoreError::io(context("renaming"), error))?;
+    /// Sets `definitions.json` aside once the metadata log holds what it
+    /// had; kept, renamed, for whoever wants to look back.
+    pub fn retire_legacy_definitions(&self) -> Result<(), StoreError> {
+        let from = self.data_dir.join(LEGACY_DEFINITIONS_FILE);
+        let to = self.data_dir.join(LEGACY_DEFINITIONS_TAKEN_OVER);
+        std::fs::rename(&from, &to)
+            .map_err(|error| StoreError::io(format!("renaming {}", from.display()), error))?;
         sluice_store::sync_dir(&self.data_dir)
     }
 }

@@ -6,18 +6,17 @@
 //! sections; the others (users, vhosts, permissions, parameters, ...) are
 //! not acted on and are named in the log. Policies shape how objects behave
 //! from their creation on, so they are handed to the broker before anything
-//! is recovered or declared; the objects are then declared like a client
-//! would, after the node's own saved definitions are recovered.
+//! is recovered or declared; the objects are then declared through the
+//! metadata log like a client would, once the node has caught up with it.
 
 use std::path::{Path, PathBuf};
 
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 use serde::Deserialize;
 
-use crate::broker::Broker;
-use crate::exchange::Destination;
+use crate::definitions::QueueDefinition;
+use crate::metadata::{BindingChange, MetadataCommand, NodeIdentity};
 use crate::policy::{Policy, PolicyError, PolicyJson};
-use crate::vhost::{ExchangeDeclaration, QueueDeclaration};
 
 /// The sections of a definitions file Sluice reads.
 #[derive(Debug, Default, Deserialize)]
@@ -177,61 +176,54 @@ fn json_to_value(value: &serde_json::Value) -> AMQPValue {
     }
 }
 
-impl Broker {
-    /// Declares the exchanges, queues and bindings of a definitions file,
-    /// in that order, as a client would: what exists already is checked for
-    /// equivalence. A definition that fails is logged and skipped, so one
-    /// bad entry does not keep the rest from loading.
-    pub fn import_definitions(&self, file: &DefinitionsFile) {
-        for exchange in &file.exchanges {
-            let vhost = self.add_vhost(&exchange.vhost);
-            let result = vhost.declare_exchange(ExchangeDeclaration {
-                name: &exchange.name,
-                kind: &exchange.kind,
-                passive: false,
+impl DefinitionsFile {
+    /// The metadata changes that declare this file's exchanges, queues and
+    /// bindings, in that order, as a client would: what exists already is
+    /// checked for equivalence. Its queues live on `node`. The caller
+    /// proposes them one by one and logs what fails, so one bad entry does
+    /// not keep the rest from loading.
+    pub fn metadata_commands(&self, node: &NodeIdentity) -> Vec<MetadataCommand> {
+        let mut commands = Vec::new();
+        for exchange in &self.exchanges {
+            commands.push(MetadataCommand::DeclareExchange {
+                vhost: exchange.vhost.clone(),
+                name: exchange.name.clone(),
+                kind: exchange.kind.clone(),
                 durable: exchange.durable,
                 auto_delete: exchange.auto_delete,
                 internal: exchange.internal,
                 arguments: json_to_table(&exchange.arguments),
             });
-            if let Err(error) = result {
-                tracing::error!(exchange = %exchange.name, vhost = %exchange.vhost, %error, "definitions file: skipping an exchange");
-            }
         }
-        for queue in &file.queues {
-            let vhost = self.add_vhost(&queue.vhost);
-            let result = vhost.declare_queue(
-                QueueDeclaration {
-                    name: &queue.name,
-                    passive: false,
+        for queue in &self.queues {
+            commands.push(MetadataCommand::DeclareQueue {
+                vhost: queue.vhost.clone(),
+                queue: QueueDefinition {
+                    name: queue.name.clone(),
+                    store_id: None,
                     durable: queue.durable,
-                    exclusive: false,
                     auto_delete: queue.auto_delete,
                     arguments: json_to_table(&queue.arguments),
+                    exclusive_owner: None,
+                    home: Some(node.name.to_string()),
+                    home_incarnation: node.incarnation,
+                    declared_at: 0,
                 },
-                0,
-            );
-            if let Err(error) = result {
-                tracing::error!(queue = %queue.name, vhost = %queue.vhost, %error, "definitions file: skipping a queue");
-            }
+                connection: 0,
+            });
         }
-        for binding in &file.bindings {
-            let vhost = self.add_vhost(&binding.vhost);
-            let destination = match binding.destination_type.as_str() {
-                "exchange" => Destination::Exchange(binding.destination.as_str().into()),
-                _ => Destination::Queue(binding.destination.as_str().into()),
-            };
-            let result = vhost.bind(
-                &binding.source,
-                destination,
-                &binding.routing_key,
-                json_to_table(&binding.arguments),
-                0,
-            );
-            if let Err(error) = result {
-                tracing::error!(source = %binding.source, destination = %binding.destination, vhost = %binding.vhost, %error, "definitions file: skipping a binding");
-            }
+        for binding in &self.bindings {
+            commands.push(MetadataCommand::Bind(BindingChange {
+                vhost: binding.vhost.clone(),
+                source: binding.source.clone(),
+                destination: binding.destination.clone(),
+                destination_is_queue: binding.destination_type != "exchange",
+                routing_key: binding.routing_key.clone(),
+                arguments: json_to_table(&binding.arguments),
+                connection: 0,
+            }));
         }
+        commands
     }
 }
 

@@ -10,7 +10,13 @@
 //! - [`queue_factory`]: the queue of the kind a declaration asks for.
 //! - [`classic_queue`]: a classic queue, dispatching to consumers inline.
 //! - [`ready`]: a queue's ready messages in memory, by priority in a priority queue.
-//! - [`definitions`]: durable exchanges, queues and bindings saved across restarts.
+//! - [`metadata`]: the cluster's exchanges, queues and bindings as a log of
+//!   changes every node applies in order.
+//! - [`metadata_apply`]: a change of that log applied to the node.
+//! - [`metadata_snapshot`]: the node's metadata as one value, and back.
+//! - [`definitions`]: exchanges, queues and bindings as data (snapshots,
+//!   the single-node `definitions.json` a node takes over).
+//! - [`remote_queue`]: a queue known from the metadata and held elsewhere.
 //! - [`counters`]: what happened to messages, counted where it happens.
 //! - [`confirm`]: confirm tickets, complete when every target queue has a
 //!   message safe.
@@ -41,6 +47,9 @@ pub mod error;
 pub mod exchange;
 pub mod expiry;
 pub mod message;
+pub mod metadata;
+pub mod metadata_apply;
+pub mod metadata_snapshot;
 pub mod pager;
 pub mod paging;
 pub mod policy;
@@ -51,6 +60,7 @@ pub mod queue_limits;
 pub mod queue_timer;
 pub mod queue_type;
 pub mod ready;
+pub mod remote_queue;
 pub mod reply_to;
 pub mod segment_liveness;
 pub mod sender_selected;

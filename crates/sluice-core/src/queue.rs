@@ -41,6 +41,13 @@ pub struct QueueOptions {
     pub exclusive_owner: Option<ConnectionId>,
     pub auto_delete: bool,
     pub arguments: FieldTable,
+    /// The index of the metadata log entry that declared it: tells this
+    /// queue from an earlier or later one of the same name. 0 for a queue
+    /// made outside the metadata log.
+    pub declared_at: u64,
+    /// The run of its home node that declared it (see
+    /// [`crate::metadata::NodeIdentity::incarnation`]).
+    pub home_incarnation: u64,
 }
 
 /// What became of a message offered to a queue.
@@ -171,6 +178,17 @@ pub trait Queue: Send + Sync {
     /// Where a durable queue's messages live on this node, saved with the
     /// definitions; None for a queue that does not outlive the node.
     fn store_id(&self) -> Option<&str>;
+
+    /// The node the queue lives on, when not this one.
+    fn home_node(&self) -> Option<&Arc<str>> {
+        None
+    }
+
+    /// Why this node cannot serve the queue's messages, when it cannot
+    /// (see [`crate::remote_queue`]).
+    fn unavailable(&self) -> Option<AmqpError> {
+        None
+    }
 
     /// Appends a message and delivers what consumers can take.
     fn publish(&self, message: Arc<Message>) -> PublishOutcome;

@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::alarm::Alarms;
-use crate::channel::Channel;
+use crate::channel::{Channel, PendingChange};
 use crate::connection_context::ConnectionContext;
 use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::frame_reader::{FrameReader, ReadError};
@@ -38,6 +38,17 @@ enum Flow {
     CloseWith(AmqpError, u16, u16),
     /// The client closed (we answered close-ok), or our close was confirmed.
     Finished,
+    /// A channel's method waits for the metadata log: nothing more is read
+    /// until it is settled.
+    AwaitChange(WaitingChange),
+}
+
+/// A channel's metadata change under way, with the ids of the method that
+/// started it (for the error, if it fails).
+struct WaitingChange {
+    channel_id: u16,
+    method_ids: (u16, u16),
+    change: PendingChange,
 }
 
 pub struct Connection {
@@ -256,6 +267,8 @@ enum Batch {
     Finished,
     /// The bytes no longer split into frames.
     Unframed(FrameError),
+    /// A method waits for the metadata log; the frames after it wait too.
+    AwaitChange(WaitingChange),
 }
 
 /// A heartbeat frame is valid only empty and on channel 0. As RabbitMQ: a
@@ -344,6 +357,12 @@ impl Connection {
                     self.wait_for_writer().await;
                     return;
                 }
+                Batch::AwaitChange(waiting) => {
+                    self.flush_confirms();
+                    drop(wake_batch);
+                    self.finish_change(waiting).await;
+                    continue;
+                }
             };
             self.flush_confirms();
             drop(wake_batch);
@@ -391,6 +410,7 @@ impl Connection {
                         self.start_close(&error, class_id, method_id)
                     }
                     Flow::Finished => return Batch::Finished,
+                    Flow::AwaitChange(waiting) => return Batch::AwaitChange(waiting),
                 },
                 Ok(None) => return Batch::Drained,
                 Err(error) => return Batch::Unframed(error),
@@ -443,6 +463,24 @@ impl Connection {
             }
         }
         false
+    }
+
+    /// Waits for a channel's metadata change (bounded by the metadata log's
+    /// own timeout), then lets the channel reply or fail.
+    async fn finish_change(&mut self, waiting: WaitingChange) {
+        let (proposal, then) = waiting.change.into_parts();
+        let applied = proposal.await;
+        let Some(channel) = self.channels.get_mut(&waiting.channel_id) else {
+            return;
+        };
+        if let Err(error) = then(channel, &self.context, applied) {
+            let (class_id, method_id) = waiting.method_ids;
+            if let Flow::CloseWith(error, class_id, method_id) =
+                self.channel_error(waiting.channel_id, error, (class_id, method_id))
+            {
+                self.start_close(&error, class_id, method_id);
+            }
+        }
     }
 
     async fn wait_for_writer(&self) {
@@ -734,6 +772,15 @@ impl Connection {
                     )
                 );
                 let result = channel.handle_control(context, class);
+                if let Some(change) = channel.take_pending_change() {
+                    if result.is_ok() {
+                        return Flow::AwaitChange(WaitingChange {
+                            channel_id,
+                            method_ids: ids,
+                            change,
+                        });
+                    }
+                }
                 if is_consume && result.is_ok() {
                     self.refresh_consumer_queues();
                 }

@@ -5,6 +5,7 @@
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`cluster_config`]: `node_name` and `cluster_formation.*`: the node's cluster.
 //! - [`server`]: the TCP listener and shutdown.
+//! - [`metadata_log`]: the metadata Raft group, with the broker as its state machine.
 //! - [`connection`]: one client connection's reader task and frame handling.
 //! - [`connection_registry`]: the open connections and their flow-control state.
 //! - [`handshake`]: protocol header, authentication, tuning, vhost.
@@ -28,6 +29,7 @@ pub mod frame_reader;
 pub mod handshake;
 pub mod in_flight;
 pub mod limits;
+pub mod metadata_log;
 pub mod outbox;
 pub mod resource_limit;
 pub mod server;

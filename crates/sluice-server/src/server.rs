@@ -5,11 +5,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_cluster::consensus::{ConsensusError, ConsensusNode, GroupSettings, RaftGroup};
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
+use sluice_cluster::node_name::NodeName;
 use sluice_core::broker::{Broker, BrokerSettings};
-use sluice_core::definitions::{DefinitionStore, Definitions};
+use sluice_core::definitions::DefinitionStore;
 use sluice_core::definitions_import::{load_definitions, DefinitionsFileError, LoadedDefinitions};
+use sluice_core::metadata::{MetadataCommand, NodeIdentity};
 use sluice_core::paging::StoreSettings;
 use sluice_core::vhost::RecoveryError;
 use sluice_store::GroupCommit;
@@ -24,6 +27,9 @@ use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
 use crate::in_flight::InFlightBytes;
+use crate::metadata_log::{
+    MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
+};
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
@@ -31,6 +37,9 @@ use crate::tcp_listen_options;
 /// Open connections get this long to finish their close handshake when the
 /// broker shuts down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The metadata group's log and snapshots, in the data directory.
+const METADATA_DIR: &str = "metadata";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -56,6 +65,10 @@ pub enum ServerError {
     Cookie(#[source] sluice_cluster::cookie::CookieError),
     #[error("cannot link with the cluster's other nodes")]
     Links(#[source] sluice_cluster::link::LinkError),
+    #[error("cannot start the metadata log")]
+    Metadata(#[source] ConsensusError),
+    #[error("cannot take over the single-node definitions: {0}")]
+    TakeOver(String),
 }
 
 /// A server that is accepting connections.
@@ -70,6 +83,8 @@ pub struct RunningServer {
     connections: Arc<ConnectionRegistry>,
     in_flight: Arc<InFlightBytes>,
     links: Option<Arc<Links>>,
+    /// The metadata group: exchanges, queues and bindings of the cluster.
+    metadata: Arc<RaftGroup>,
     /// Held while the server runs: no second server on this data directory.
     _data_dir_lock: DataDirLock,
 }
@@ -105,11 +120,14 @@ impl RunningServer {
 
     /// Closes every connection with CONNECTION_FORCED and stops accepting.
     pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+        // After the connections: their exclusive queues' deletions may
+        // still be on their way through the log.
+        self.metadata.shutdown().await;
         if let Some(links) = &self.links {
             links.shutdown();
         }
-        let _ = self.shutdown.send(true);
-        let _ = self.task.await;
         // Write what the last publishes buffered before the process goes.
         let group_commit = self.group_commit;
         let store = self.store;
@@ -145,7 +163,6 @@ pub async fn start_with_cluster_listener(
     };
     // Before anything in the directory is read or written.
     let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
-    let (listener, local_address) = bind_amqp(&config)?;
     // First: the store's read-ahead budget depends on the memory watermark.
     let alarm_monitor = AlarmMonitor::start(
         config.vm_memory_high_watermark(),
@@ -153,20 +170,37 @@ pub async fn start_with_cluster_listener(
         config.data_dir.clone(),
     )
     .map_err(ServerError::Limit)?;
-    let (group_commit, durable_rounds, store, broker) = open_node(
-        &config,
-        loaded,
-        alarm_monitor.limits().memory_watermark_bytes,
-    )?;
-    let links = match membership {
-        Some(membership) => {
-            let started = start_links(&config, membership, cluster_listener).await;
-            Some(started.inspect_err(|_| {
-                store.stop();
-                group_commit.stop();
-            })?)
+    let (group_commit, durable_rounds, store) =
+        open_store(&config, alarm_monitor.limits().memory_watermark_bytes)?;
+    let node = match open_node(&config, loaded, membership, cluster_listener, &store).await {
+        Ok(node) => node,
+        Err(error) => {
+            // Nothing is lost: the journals and the metadata log stay as
+            // they were.
+            store.stop();
+            group_commit.stop();
+            return Err(error);
         }
-        None => None,
+    };
+    let OpenNode {
+        broker,
+        links,
+        metadata,
+    } = node;
+    // Only now, as RabbitMQ: a client that connects before the node has
+    // joined its cluster and caught up is refused, and retries, rather
+    // than left waiting on a socket nobody reads.
+    let (listener, local_address) = match bind_amqp(&config) {
+        Ok(bound) => bound,
+        Err(error) => {
+            metadata.shutdown().await;
+            if let Some(links) = &links {
+                links.shutdown();
+            }
+            store.stop();
+            group_commit.stop();
+            return Err(error);
+        }
     };
     let alarms = alarm_monitor.subscribe();
     let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
@@ -197,42 +231,171 @@ pub async fn start_with_cluster_listener(
         connections,
         in_flight,
         links,
+        metadata,
         _data_dir_lock: data_dir_lock,
     })
 }
 
-/// The node's storage and broker: the group commit and the watch its sync
-/// rounds bump, the data directory's definitions, and the broker recovered
-/// from them with a loaded definitions file applied.
-#[allow(clippy::type_complexity)]
-fn open_node(
+/// A node up and caught up with its cluster: the broker, its links to the
+/// other nodes (None for a cluster of one), and the metadata group.
+struct OpenNode {
+    broker: Arc<Broker>,
+    links: Option<Arc<Links>>,
+    metadata: Arc<RaftGroup>,
+}
+
+/// The broker of a node: linked with its peers, its metadata log started
+/// and replayed into it (durable queues reopening their journals on the
+/// way), a single-node data directory taken over, a loaded definitions
+/// file applied.
+async fn open_node(
     config: &Config,
     mut loaded: Option<LoadedDefinitions>,
-    memory_watermark_bytes: u64,
-) -> Result<
-    (
-        Arc<GroupCommit>,
-        watch::Receiver<u64>,
-        Arc<DefinitionStore>,
-        Arc<Broker>,
-    ),
-    ServerError,
-> {
-    let (group_commit, durable_rounds, store, definitions) =
-        open_store(config, memory_watermark_bytes)?;
-    let broker = match open_broker(config, loaded.as_mut(), &store, definitions) {
-        Ok(broker) => broker,
-        Err(error) => {
-            // Nothing is lost: the journals and definitions stay as they were.
-            store.stop();
-            group_commit.stop();
-            return Err(ServerError::Recovery(error));
+    membership: Option<Membership>,
+    cluster_listener: Option<TcpListener>,
+    store: &Arc<DefinitionStore>,
+) -> Result<OpenNode, ServerError> {
+    let (local, members) = match &membership {
+        Some(membership) => (membership.node.clone(), membership.members.clone()),
+        None => {
+            let local: NodeName = match &config.cluster.node_name {
+                Some(name) => name.clone(),
+                None => NodeIdentity::STANDALONE
+                    .parse()
+                    .expect("the standalone node name parses"),
+            };
+            (local.clone(), vec![local])
         }
     };
-    if let Some(loaded) = &loaded {
-        broker.import_definitions(&loaded.file);
+    let node_number = members
+        .iter()
+        .position(|member| *member == local)
+        .map_or(0, |position| position + 1);
+    let whole_cluster = members.len() == 1;
+    let broker = Arc::new(open_broker(
+        config,
+        loaded.as_mut(),
+        store,
+        NodeIdentity::new(local.as_str()),
+        u16::try_from(node_number).expect("at most CLUSTER_NODES_MAX members"),
+    ));
+    // Queues the metadata log brings back start their timers once all of it
+    // is replayed.
+    broker.begin_start();
+    let links = match membership {
+        Some(membership) => Some(start_links(config, membership, cluster_listener).await?),
+        None => None,
+    };
+    let stop_links = |links: &Option<Arc<Links>>| {
+        if let Some(links) = links {
+            links.shutdown();
+        }
+    };
+    let metadata =
+        match start_metadata_log(config, &broker, local, members, links.clone(), store).await {
+            Ok(metadata) => metadata,
+            Err(error) => {
+                stop_links(&links);
+                return Err(error);
+            }
+        };
+    let caught_up = catch_up(&broker, store, loaded.as_ref(), whole_cluster).await;
+    if let Err(error) =
+        caught_up.and_then(|()| broker.finish_start().map_err(ServerError::Recovery))
+    {
+        metadata.shutdown().await;
+        stop_links(&links);
+        return Err(error);
     }
-    Ok((group_commit, durable_rounds, store, broker))
+    Ok(OpenNode {
+        broker,
+        links,
+        metadata,
+    })
+}
+
+/// Starts the metadata group with the broker as its state machine; the
+/// broker proposes through it from then on.
+async fn start_metadata_log(
+    config: &Config,
+    broker: &Arc<Broker>,
+    local: NodeName,
+    members: Vec<NodeName>,
+    links: Option<Arc<Links>>,
+    store: &Arc<DefinitionStore>,
+) -> Result<Arc<RaftGroup>, ServerError> {
+    let settings = GroupSettings::new(
+        METADATA_GROUP,
+        config.data_dir.join(METADATA_DIR),
+        local,
+        members,
+    );
+    let state_machine = Box::new(MetadataStateMachine {
+        broker: Arc::clone(broker),
+    });
+    let consensus = ConsensusNode::new(links, Arc::clone(&store.group));
+    let group = consensus
+        .start_group(settings, state_machine)
+        .await
+        .map_err(ServerError::Metadata)?;
+    broker.metadata.install(
+        Arc::new(RaftMetadataLog {
+            group: Arc::clone(&group),
+            timeout: METADATA_CHANGE_TIMEOUT,
+        }),
+        tokio::runtime::Handle::current(),
+    );
+    Ok(group)
+}
+
+/// Waits for the cluster (a majority of it) and the metadata it holds:
+/// this node's start is itself a change every node applies, and once it is
+/// applied here, so is everything before it. Then takes over a single-node
+/// data directory and applies a loaded definitions file.
+async fn catch_up(
+    broker: &Arc<Broker>,
+    store: &Arc<DefinitionStore>,
+    loaded: Option<&LoadedDefinitions>,
+    whole_cluster: bool,
+) -> Result<(), ServerError> {
+    let node = broker.node().clone();
+    loop {
+        let started = MetadataCommand::NodeStarted {
+            node: node.name.to_string(),
+            incarnation: node.incarnation,
+            whole_cluster,
+        };
+        match broker.metadata.propose(started).await {
+            Ok(()) => break,
+            Err(error) => {
+                tracing::warn!(%error, "waiting for a majority of the cluster's nodes");
+            }
+        }
+    }
+    let legacy = store.legacy_definitions().map_err(ServerError::Store)?;
+    if let Some(definitions) = legacy {
+        let take_over = MetadataCommand::TakeOver {
+            node: node.name.to_string(),
+            definitions,
+        };
+        broker
+            .metadata
+            .propose(take_over)
+            .await
+            .map_err(|error| ServerError::TakeOver(error.to_string()))?;
+        store
+            .retire_legacy_definitions()
+            .map_err(ServerError::Store)?;
+        tracing::info!("took over the definitions of a single-node data directory");
+    }
+    if let Some(loaded) = loaded {
+        for command in loaded.file.metadata_commands(&node) {
+            if let Err(error) = broker.metadata.propose(command.clone()).await {
+                tracing::error!(?command, %error, "definitions file: skipping an entry");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The AMQP listener, with `tcp_listen_options`, and its address.
@@ -247,28 +410,17 @@ fn bind_amqp(config: &Config) -> Result<(TcpListener, SocketAddr), ServerError> 
     Ok((listener, local_address))
 }
 
-/// The group commit (and the watch its sync rounds bump, which wakes
-/// readers waiting to confirm persistent messages), and the data
-/// directory's definitions.
-#[allow(clippy::type_complexity)]
-fn open_store(
-    config: &Config,
-    memory_watermark_bytes: u64,
-) -> Result<
-    (
-        Arc<GroupCommit>,
-        watch::Receiver<u64>,
-        Arc<DefinitionStore>,
-        Definitions,
-    ),
-    ServerError,
-> {
+/// The group commit, the watch its sync rounds bump (which wakes readers
+/// waiting to confirm persistent messages), and the data directory's store.
+type NodeStorage = (Arc<GroupCommit>, watch::Receiver<u64>, Arc<DefinitionStore>);
+
+fn open_store(config: &Config, memory_watermark_bytes: u64) -> Result<NodeStorage, ServerError> {
     let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
     let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
         let _ = durable_rounds_sender.send(round);
     });
     group_commit.set_write_budget(config.store.write_buffer_total_max);
-    let (store, definitions) = DefinitionStore::open(
+    let store = DefinitionStore::open(
         &config.data_dir,
         Arc::clone(&group_commit),
         store_settings_within_watermark(config, memory_watermark_bytes),
@@ -277,17 +429,18 @@ fn open_store(
         group_commit.stop();
         ServerError::Store(error)
     })?;
-    Ok((group_commit, durable_rounds, store, definitions))
+    Ok((group_commit, durable_rounds, store))
 }
 
-/// The node's broker: its users and vhosts, recovered from `definitions`,
-/// with the policies of a loaded definitions file.
+/// The node's broker: its users and vhosts, with the policies of a loaded
+/// definitions file; empty until the metadata log is replayed into it.
 fn open_broker(
     config: &Config,
     loaded: Option<&mut LoadedDefinitions>,
     store: &Arc<DefinitionStore>,
-    definitions: Definitions,
-) -> Result<Arc<Broker>, RecoveryError> {
+    node: NodeIdentity,
+    node_number: u16,
+) -> Broker {
     Broker::open(
         &BrokerSettings {
             default_user: config.default_user.clone(),
@@ -297,10 +450,11 @@ fn open_broker(
             policies: loaded
                 .map(|loaded| std::mem::take(&mut loaded.policies))
                 .unwrap_or_default(),
+            node,
+            node_number,
         },
-        Some((Arc::clone(store), definitions)),
+        Some(Arc::clone(store)),
     )
-    .map(Arc::new)
 }
 
 /// Links this node with the others of its cluster, with the shared cookie.
@@ -387,7 +541,16 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let server = start(config).await?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    // A node may wait long for a majority of its cluster: a signal meanwhile
+    // stops it there (nothing it holds is lost: it has served nothing yet).
+    let server = tokio::select! {
+        started = start(config) => started?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before the node was ready");
+            return Ok(());
+        }
+    };
     shutdown.await;
     tracing::info!("shutting down");
     server.stop().await;

@@ -28,8 +28,35 @@ pub enum ReplyCode {
 }
 
 impl ReplyCode {
+    const ALL: [ReplyCode; 19] = [
+        ReplyCode::Success,
+        ReplyCode::ContentTooLarge,
+        ReplyCode::NoRoute,
+        ReplyCode::NoConsumers,
+        ReplyCode::ConnectionForced,
+        ReplyCode::InvalidPath,
+        ReplyCode::AccessRefused,
+        ReplyCode::NotFound,
+        ReplyCode::ResourceLocked,
+        ReplyCode::PreconditionFailed,
+        ReplyCode::FrameError,
+        ReplyCode::SyntaxError,
+        ReplyCode::CommandInvalid,
+        ReplyCode::ChannelError,
+        ReplyCode::UnexpectedFrame,
+        ReplyCode::ResourceError,
+        ReplyCode::NotAllowed,
+        ReplyCode::NotImplemented,
+        ReplyCode::InternalError,
+    ];
+
     pub fn code(self) -> u16 {
         self as u16
+    }
+
+    /// The reply code with this number, if the specification has one.
+    pub fn from_code(code: u16) -> Option<ReplyCode> {
+        Self::ALL.into_iter().find(|reply| reply.code() == code)
     }
 
     /// The name RabbitMQ puts at the front of the reply text, e.g.
@@ -89,5 +116,13 @@ mod tests {
         assert!(ReplyCode::FrameError.is_hard_error());
         assert!(ReplyCode::NotAllowed.is_hard_error());
         assert_eq!(ReplyCode::ResourceLocked.name(), "RESOURCE_LOCKED");
+    }
+
+    #[test]
+    fn every_reply_code_comes_back_from_its_number() {
+        for reply in ReplyCode::ALL {
+            assert_eq!(ReplyCode::from_code(reply.code()), Some(reply));
+        }
+        assert_eq!(ReplyCode::from_code(999), None);
     }
 }

@@ -4,16 +4,17 @@
 //! - `publish`: the publish pipeline: route, enqueue into every target,
 //!   and the confirm ticket.
 //! - `queue_host`: what the vhost does for its queues: dead-letters, expiry.
-//! - `recovery`: rebuilding the vhost from saved definitions at start.
+//! - `metadata_apply`: the vhost as the metadata log changes it, and as
+//!   definitions for its snapshots.
 
+mod metadata_apply;
 mod publish;
 mod queue_host;
-mod recovery;
 mod routing;
 mod topology;
 
+pub use metadata_apply::RecoveryError;
 pub use publish::{PublishScratch, Published};
-pub use recovery::RecoveryError;
 pub use routing::{RouteScratch, ROUTING_EXCHANGE_HOPS_MAX};
 
 use std::collections::{HashMap, HashSet};
@@ -27,18 +28,16 @@ use crate::arguments::{
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
 use crate::counters::{MessageCounts, ShardedCounters};
-use crate::definitions::{
-    BindingDefinition, DefinitionStore, ExchangeDefinition, QueueDefinition, VhostDefinitions,
-};
+use crate::definitions::DefinitionStore;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
+use crate::metadata::{MetadataCommand, MetadataProposer, NodeIdentity};
 use crate::policy::{
     effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
 };
 use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOptions};
-use crate::queue_factory::{create_queue, QueueSpec};
+use crate::queue_factory::QueueSpec;
 use crate::reply_to::ReplyRegistry;
-use sluice_wire::reply_code::ReplyCode;
 use topology::{TopologyVersion, TopologyWrite};
 
 pub struct Exchange {
@@ -132,6 +131,27 @@ pub struct VirtualHost {
     /// What happened to messages in this vhost: publishes counted by the
     /// pipeline, deliveries, acks and confirms by the channels.
     counters: ShardedCounters,
+    /// This node: the home of the queues declared through it.
+    node: NodeIdentity,
+    /// Where changes the vhost decides itself (an expired queue, an
+    /// exclusive queue whose connection closed) are proposed.
+    metadata: Arc<MetadataProposer>,
+    /// While the node starts, queues made by replaying the metadata log
+    /// wait here to start their timers until every binding is back: a
+    /// message that expired while the node was down is due at once, and
+    /// its dead-letter exchange must route it.
+    deferred_timers: Mutex<Option<Vec<Arc<dyn Queue>>>>,
+}
+
+/// What a vhost shares with the rest of its node.
+#[derive(Clone)]
+pub struct VhostServices {
+    /// Where durable queues journal; None keeps everything in memory.
+    pub store: Option<Arc<DefinitionStore>>,
+    /// Direct reply-to consumers of the node.
+    pub reply_to: Arc<ReplyRegistry>,
+    pub node: NodeIdentity,
+    pub metadata: Arc<MetadataProposer>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -150,34 +170,38 @@ impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
     /// RabbitMQ vhost has.
     pub fn new(name: &str) -> Arc<Self> {
-        Self::with_store(
+        Self::with_services(
             name,
-            None,
             VhostPolicies::default(),
-            Arc::new(ReplyRegistry::default()),
+            VhostServices {
+                store: None,
+                reply_to: Arc::new(ReplyRegistry::default()),
+                node: NodeIdentity::new(NodeIdentity::STANDALONE),
+                metadata: Arc::default(),
+            },
         )
     }
 
-    /// A vhost whose durable definitions and messages live in `store`, with
-    /// the policies that apply to its objects, delivering direct replies
-    /// through the node's `reply_to` registry.
-    pub fn with_store(
+    /// A vhost of a node, with the policies that apply to its objects.
+    pub fn with_services(
         name: &str,
-        store: Option<Arc<DefinitionStore>>,
         policies: VhostPolicies,
-        reply_to: Arc<ReplyRegistry>,
+        services: VhostServices,
     ) -> Arc<Self> {
         let vhost = Arc::new_cyclic(|this| VirtualHost {
             name: Arc::from(name),
             policies,
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
-            store,
+            store: services.store,
             this: this.clone(),
             dead_letter_warnings: Mutex::new(HashSet::new()),
-            reply_to,
+            reply_to: services.reply_to,
             topology: TopologyVersion::default(),
             counters: ShardedCounters::default(),
+            node: services.node,
+            metadata: services.metadata,
+            deferred_timers: Mutex::new(None),
         });
         let standard = [
             ("", ExchangeKind::Direct),
@@ -308,7 +332,13 @@ impl VirtualHost {
         read(&self.exchanges).values().cloned().collect()
     }
 
-    pub fn declare_exchange(&self, declaration: ExchangeDeclaration<'_>) -> AmqpResult<()> {
+    /// What this node can answer to an exchange.declare without the
+    /// metadata log: Ok(false) for a passive or equivalent declaration, a
+    /// refusal, or Ok(true) when the exchange must be created.
+    pub fn check_exchange_declaration(
+        &self,
+        declaration: &ExchangeDeclaration<'_>,
+    ) -> AmqpResult<bool> {
         let name = declaration.name;
         if declaration.passive {
             // Refused even though it exists, as RabbitMQ's passive declare
@@ -319,7 +349,7 @@ impl VirtualHost {
                 ));
             }
             self.exchange(name)?;
-            return Ok(());
+            return Ok(false);
         }
         let kind = ExchangeKind::parse(declaration.kind).ok_or_else(|| {
             AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
@@ -329,37 +359,49 @@ impl VirtualHost {
                 "operation not permitted on the default exchange",
             ));
         }
-        // As in RabbitMQ, an existing `amq.*` exchange is redeclared like any
-        // other (equivalence checked below); only creating one is refused.
-        if name.starts_with("amq.") && self.exchange(name).is_err() {
-            return Err(AmqpError::access_refused(format!(
+        match read(&self.exchanges).get(name) {
+            Some(existing) => {
+                self.check_exchange_equivalence(existing, declaration, kind)?;
+                Ok(false)
+            }
+            // As in RabbitMQ, an existing `amq.*` exchange is redeclared like
+            // any other (equivalence checked above); only creating one is
+            // refused.
+            None if name.starts_with("amq.") => Err(AmqpError::access_refused(format!(
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
-            )));
+            ))),
+            // As RabbitMQ, only a new exchange has its alternate checked.
+            None => {
+                check_exchange_name_argument(
+                    &declaration.arguments,
+                    "alternate-exchange",
+                    &self.describe_exchange(name),
+                )?;
+                Ok(true)
+            }
         }
+    }
+
+    pub fn declare_exchange(&self, declaration: ExchangeDeclaration<'_>) -> AmqpResult<()> {
+        if !self.check_exchange_declaration(&declaration)? {
+            return Ok(());
+        }
+        let kind = ExchangeKind::parse(declaration.kind).ok_or_else(|| {
+            AmqpError::command_invalid(format!("unknown exchange type '{}'", declaration.kind))
+        })?;
         let mut exchanges = self.exchanges_mut();
-        if let Some(existing) = exchanges.get(name) {
+        if let Some(existing) = exchanges.get(declaration.name) {
             return self.check_exchange_equivalence(existing, &declaration, kind);
         }
-        // As RabbitMQ, only a new exchange has its alternate checked.
-        check_exchange_name_argument(
-            &declaration.arguments,
-            "alternate-exchange",
-            &self.describe_exchange(name),
-        )?;
         let exchange = self.new_exchange(ExchangeSpec {
-            name,
+            name: declaration.name,
             kind,
             durable: declaration.durable,
             auto_delete: declaration.auto_delete,
             internal: declaration.internal,
             arguments: declaration.arguments,
         });
-        let durable = exchange.durable;
         exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
-        drop(exchanges);
-        if durable {
-            self.persist();
-        }
         Ok(())
     }
 
@@ -397,7 +439,24 @@ impl VirtualHost {
         )
     }
 
-    pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
+    /// What this node can answer to an exchange.delete without the metadata
+    /// log: a refusal, Ok(false) when there is nothing to delete, Ok(true)
+    /// when the deletion must go through the log.
+    pub fn check_exchange_deletion(&self, name: &str, if_unused: bool) -> AmqpResult<bool> {
+        Self::check_deletable_exchange(name, || self.describe_exchange(name))?;
+        let Some(exchange) = read(&self.exchanges).get(name).cloned() else {
+            return Ok(false);
+        };
+        if if_unused && !exchange.routing().is_empty() {
+            return Err(AmqpError::precondition_failed(format!(
+                "{} in use",
+                self.describe_exchange(name)
+            )));
+        }
+        Ok(true)
+    }
+
+    fn check_deletable_exchange(name: &str, describe: impl FnOnce() -> String) -> AmqpResult<()> {
         if name.is_empty() {
             return Err(AmqpError::access_refused(
                 "operation not permitted on the default exchange",
@@ -406,9 +465,14 @@ impl VirtualHost {
         if name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
                 "deletion of system {} not allowed",
-                self.describe_exchange(name)
+                describe()
             )));
         }
+        Ok(())
+    }
+
+    pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
+        Self::check_deletable_exchange(name, || self.describe_exchange(name))?;
         let mut exchanges = self.exchanges_mut();
         let Some(exchange) = exchanges.get(name).cloned() else {
             return Ok(()); // deleting a missing exchange succeeds, as in RabbitMQ 3.x
@@ -425,10 +489,6 @@ impl VirtualHost {
         exchanges.remove(name);
         let emptied = Self::remove_destination_locked(&exchanges, &destination);
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
-        drop(exchanges);
-        if exchange.durable {
-            self.persist();
-        }
         Ok(())
     }
 
@@ -465,16 +525,33 @@ impl VirtualHost {
         }
     }
 
-    /// Declares a queue. Returns it and whether it was created.
+    /// Declares a queue directly, outside the metadata log (a node's
+    /// channels propose instead: see [`Self::check_queue_declaration`]).
+    /// Returns it and whether it was created.
     pub fn declare_queue(
         &self,
         declaration: QueueDeclaration<'_>,
         connection_id: ConnectionId,
     ) -> AmqpResult<(Arc<dyn Queue>, bool)> {
+        if let Some(existing) = self.check_queue_declaration(&declaration, connection_id)? {
+            return Ok((existing, false));
+        }
+        let definition = self.new_queue_definition(&declaration, connection_id);
+        self.apply_declare_queue(&definition, connection_id)
+    }
+
+    /// What this node can answer to a queue.declare without the metadata
+    /// log: the queue of a passive or equivalent declaration (Some), a
+    /// refusal, or None when the queue must be created.
+    pub fn check_queue_declaration(
+        &self,
+        declaration: &QueueDeclaration<'_>,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<Option<Arc<dyn Queue>>> {
         if declaration.passive {
             let queue = self.queue(declaration.name, connection_id)?;
             queue.touch();
-            return Ok((queue, false));
+            return Ok(Some(queue));
         }
         if declaration.name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
@@ -482,52 +559,65 @@ impl VirtualHost {
                 declaration.name
             )));
         }
-        let mut queues = self.queues_mut();
-        if !declaration.name.is_empty() {
-            if let Some(existing) = queues.get(declaration.name) {
-                self.check_queue_equivalence(existing, &declaration, connection_id)?;
+        if declaration.name.is_empty() {
+            return Ok(None);
+        }
+        let existing = read(&self.queues).get(declaration.name).cloned();
+        match existing {
+            Some(existing) => {
+                self.check_queue_equivalence(&existing, declaration, connection_id)?;
                 existing.touch();
-                return Ok((Arc::clone(existing), false));
+                Ok(Some(existing))
+            }
+            None => {
+                let what = self.describe_queue(declaration.name);
+                check_exchange_name_argument(
+                    &declaration.arguments,
+                    "x-dead-letter-exchange",
+                    &what,
+                )?;
+                check_queue_arguments(&declaration.arguments, &what)?;
+                Ok(None)
             }
         }
-        let name: Arc<str> = if declaration.name.is_empty() {
-            loop {
-                let candidate = server_generated_name();
-                if !queues.contains_key(candidate.as_str()) {
-                    break Arc::from(candidate);
-                }
-            }
-        } else {
-            Arc::from(declaration.name)
-        };
-        // Only a queue about to be created has its arguments validated, as
-        // in RabbitMQ: a redeclaration is compared for equivalence instead.
-        let what = self.describe_queue(&name);
-        check_exchange_name_argument(&declaration.arguments, "x-dead-letter-exchange", &what)?;
-        check_queue_arguments(&declaration.arguments, &what)?;
-        let effective = self.effective_queue_arguments(&name, &declaration.arguments);
-        let options = QueueOptions {
-            // An exclusive queue dies with its connection, so it is never
-            // durable, whatever was asked: RabbitMQ stores it as transient.
-            durable: declaration.durable && !declaration.exclusive,
-            exclusive_owner: declaration.exclusive.then_some(connection_id),
-            auto_delete: declaration.auto_delete,
-            arguments: declaration.arguments,
-        };
-        let queue = create_queue(self.queue_spec(Arc::clone(&name), options, &effective, None))
-            .map_err(|error| {
-                AmqpError::new(
-                    ReplyCode::InternalError,
-                    format!("cannot create {what}: {error}"),
-                )
-            })?;
-        queue.start_timers();
-        queues.insert(name, Arc::clone(&queue));
-        drop(queues);
-        if queue.store_id().is_some() {
-            self.persist();
+    }
+
+    /// Starts a queue's timers, or keeps them for [`Self::finish_start`]
+    /// while the node replays its metadata.
+    fn start_timers_when_ready(&self, queue: &Arc<dyn Queue>) {
+        let mut deferred = self
+            .deferred_timers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match deferred.as_mut() {
+            Some(waiting) => waiting.push(Arc::clone(queue)),
+            None => queue.start_timers(),
         }
-        Ok((queue, true))
+    }
+
+    /// The node starts: queues made from now on wait for
+    /// [`Self::finish_start`] to start their timers.
+    pub fn begin_start(&self) {
+        *self
+            .deferred_timers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Vec::new());
+    }
+
+    /// The node has replayed its metadata: every binding is back, so the
+    /// queues' timers start.
+    pub fn finish_start(&self) {
+        let waiting = self
+            .deferred_timers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .unwrap_or_default();
+        for queue in waiting {
+            if !queue.is_deleted() {
+                queue.start_timers();
+            }
+        }
     }
 
     /// A redeclaration of `existing`: equivalent, or the error RabbitMQ's
@@ -597,10 +687,26 @@ impl VirtualHost {
         if_empty: bool,
         connection_id: ConnectionId,
     ) -> AmqpResult<(u32, Vec<Arc<Consumer>>)> {
+        match self.check_queue_deletion(name, if_unused, if_empty, connection_id)? {
+            Some(queue) => Ok(self.remove_queue(&queue)),
+            None => Ok((0, Vec::new())),
+        }
+    }
+
+    /// What a queue.delete needs before it goes through the metadata log:
+    /// the queue (None when there is none: the deletion succeeds), usable
+    /// by `connection_id`, empty and unused when asked.
+    pub fn check_queue_deletion(
+        &self,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<Option<Arc<dyn Queue>>> {
         let queue = match self.queue(name, connection_id) {
             Ok(queue) => queue,
             Err(error) if error.code == sluice_wire::reply_code::ReplyCode::NotFound => {
-                return Ok((0, Vec::new()))
+                return Ok(None)
             }
             Err(error) => return Err(error),
         };
@@ -617,7 +723,7 @@ impl VirtualHost {
                 self.describe_queue(name)
             )));
         }
-        Ok(self.remove_queue(&queue))
+        Ok(Some(queue))
     }
 
     /// Removes a queue and its bindings unconditionally (auto-delete,
@@ -639,15 +745,10 @@ impl VirtualHost {
             &Destination::Queue(Arc::clone(queue.name())),
         );
         Self::delete_auto_delete_exchanges(&mut exchanges, emptied);
-        drop(exchanges);
-        if queue.store_id().is_some() {
-            self.persist();
-        }
         (dropped, consumers)
     }
 
-    /// Deletes the exclusive queues of a connection that closed; returns
-    /// their consumers (of that same connection) for bookkeeping.
+    /// Proposes deleting the exclusive queues of a connection that closed.
     pub fn remove_exclusive_queues(&self, connection_id: ConnectionId) {
         let owned: Vec<Arc<dyn Queue>> = read(&self.queues)
             .values()
@@ -655,8 +756,37 @@ impl VirtualHost {
             .cloned()
             .collect();
         for queue in owned {
-            self.remove_queue(&queue);
+            self.propose_queue_deletion(&queue);
         }
+    }
+
+    /// Proposes deleting `queue`, that very queue and not a later one of
+    /// its name, without waiting: what the vhost decides by itself (an
+    /// owner gone, a queue expired or unused) goes through the metadata
+    /// log like a client's queue.delete.
+    pub fn propose_queue_deletion(&self, queue: &Arc<dyn Queue>) {
+        if !self.metadata.is_installed() {
+            // A vhost outside any node (the core's own tests) applies its
+            // changes itself.
+            self.apply_delete_queue(queue.name(), Some(queue.options().declared_at));
+            return;
+        }
+        self.metadata
+            .propose_in_background(MetadataCommand::DeleteQueue {
+                vhost: self.name.to_string(),
+                name: queue.name().to_string(),
+                declared_at: Some(queue.options().declared_at),
+            });
+    }
+
+    /// Where this vhost proposes metadata changes.
+    pub fn metadata(&self) -> &Arc<MetadataProposer> {
+        &self.metadata
+    }
+
+    /// This node, as the metadata names it.
+    pub fn node(&self) -> &NodeIdentity {
+        &self.node
     }
 
     /// What the queue factory needs to make the queue `name` of this vhost.
@@ -688,6 +818,21 @@ impl VirtualHost {
         self.exchange(name)
     }
 
+    /// What a binding change needs before it goes through the metadata
+    /// log: neither end the default exchange, both ends there, the queue
+    /// usable by `connection_id`.
+    pub fn check_binding(
+        &self,
+        source: &str,
+        destination: Destination,
+        connection_id: ConnectionId,
+    ) -> AmqpResult<()> {
+        check_not_default_exchange(source, &destination)?;
+        self.resolve_destination(destination, connection_id)?;
+        self.binding_source(source)?;
+        Ok(())
+    }
+
     /// queue.bind and exchange.bind: `destination` must exist.
     pub fn bind(
         &self,
@@ -706,10 +851,7 @@ impl VirtualHost {
             arguments,
         };
         let result = self.topology.write(exchange.routing_mut()).bind(binding);
-        let added = result.map_err(AmqpError::precondition_failed)?;
-        if added && exchange.durable {
-            self.persist();
-        }
+        result.map_err(AmqpError::precondition_failed)?;
         Ok(())
     }
 
@@ -738,9 +880,6 @@ impl VirtualHost {
         if now_empty && exchange.auto_delete {
             let mut exchanges = self.exchanges_mut();
             Self::delete_auto_delete_exchanges(&mut exchanges, vec![Arc::clone(&exchange.name)]);
-        }
-        if exchange.durable {
-            self.persist();
         }
         Ok(())
     }
@@ -773,79 +912,6 @@ impl VirtualHost {
             }
         }
         all
-    }
-}
-
-impl VirtualHost {
-    /// What of this vhost survives a restart: durable exchanges other than
-    /// the standard ones, journaled queues, and bindings between durable ends.
-    pub fn durable_definitions(&self) -> VhostDefinitions {
-        let exchanges = read(&self.exchanges);
-        let queues = read(&self.queues);
-        let mut definitions = VhostDefinitions::default();
-        for exchange in exchanges.values() {
-            if exchange.durable && !exchange.is_default() && !exchange.name.starts_with("amq.") {
-                definitions.exchanges.push(ExchangeDefinition {
-                    name: exchange.name.to_string(),
-                    kind: exchange.kind.as_str().to_owned(),
-                    auto_delete: exchange.auto_delete,
-                    internal: exchange.internal,
-                    arguments: exchange.arguments.clone(),
-                });
-            }
-        }
-        for queue in queues.values() {
-            if let Some(store_id) = queue.store_id() {
-                definitions.queues.push(QueueDefinition {
-                    name: queue.name().to_string(),
-                    store_id: store_id.to_owned(),
-                    auto_delete: queue.options().auto_delete,
-                    arguments: queue.options().arguments.clone(),
-                });
-            }
-        }
-        for exchange in exchanges.values().filter(|exchange| exchange.durable) {
-            for binding in exchange.bindings() {
-                let (destination_type, durable) = match &binding.destination {
-                    Destination::Queue(name) => (
-                        "queue",
-                        queues
-                            .get(name)
-                            .is_some_and(|queue| queue.store_id().is_some()),
-                    ),
-                    Destination::Exchange(name) => (
-                        "exchange",
-                        exchanges.get(name).is_some_and(|other| other.durable),
-                    ),
-                };
-                if durable {
-                    definitions.bindings.push(BindingDefinition {
-                        source: exchange.name.to_string(),
-                        destination: binding.destination.name().to_owned(),
-                        destination_type: destination_type.to_owned(),
-                        routing_key: binding.routing_key,
-                        arguments: binding.arguments,
-                    });
-                }
-            }
-        }
-        // A stable order, so an unchanged vhost is recognised and not rewritten.
-        definitions.exchanges.sort_by(|a, b| a.name.cmp(&b.name));
-        definitions.queues.sort_by(|a, b| a.name.cmp(&b.name));
-        definitions.bindings.sort_by(|a, b| {
-            (&a.source, &a.destination, &a.routing_key).cmp(&(
-                &b.source,
-                &b.destination,
-                &b.routing_key,
-            ))
-        });
-        definitions
-    }
-
-    fn persist(&self) {
-        if let Some(store) = &self.store {
-            store.save_vhost(&self.name, || self.durable_definitions());
-        }
     }
 }
 

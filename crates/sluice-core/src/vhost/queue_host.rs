@@ -81,18 +81,15 @@ impl QueueHost for VirtualHost {
         self.route_dead_letters(queue, target, dead_letters);
     }
 
-    /// Deletes a queue that went unused for its `x-expires`, as queue.delete
-    /// would: bindings removed, durable definitions saved, any consumer
-    /// that came meanwhile told with basic.cancel. Its messages are not
+    /// Proposes deleting a queue that went unused for its `x-expires`, as
+    /// queue.delete would: bindings removed, any consumer that came
+    /// meanwhile told with basic.cancel. Its messages are not
     /// dead-lettered, as in RabbitMQ.
     fn expire(&self, queue: &Arc<dyn Queue>) {
         if !queue.is_unused_for_expiry() {
             return;
         }
-        let (dropped, consumers) = self.remove_queue(queue);
-        for consumer in consumers {
-            consumer.sink.cancelled_by_queue(&consumer);
-        }
-        tracing::info!(queue = %queue.name(), vhost = %self.name, dropped, "deleted a queue unused for its x-expires");
+        tracing::info!(queue = %queue.name(), vhost = %self.name, messages = queue.message_count(), "deleting a queue unused for its x-expires");
+        self.propose_queue_deletion(queue);
     }
 }

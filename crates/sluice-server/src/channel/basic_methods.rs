@@ -245,7 +245,7 @@ impl Channel {
             .queue
             .remove_consumer(context.connection_id, self.id, tag)?;
         if removed.queue_now_unused {
-            context.vhost.remove_queue(&entry.queue);
+            context.vhost.propose_queue_deletion(&entry.queue);
         }
         removed.active_consumer_changed.then_some(entry.queue)
     }

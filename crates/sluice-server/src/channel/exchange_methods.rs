@@ -5,6 +5,7 @@ use std::sync::Arc;
 use amq_protocol::protocol::{exchange, AMQPClass};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::Destination;
+use sluice_core::metadata::{BindingChange, MetadataCommand};
 use sluice_core::vhost::ExchangeDeclaration;
 
 use super::Channel;
@@ -28,14 +29,15 @@ impl Channel {
         }
     }
 
-    /// exchange.declare. Declare-ok is sent only once the vhost has
-    /// accepted the declaration; a refusal is returned instead.
+    /// exchange.declare. Declare-ok is sent only once the declaration is
+    /// applied (or found equivalent to what exists); a refusal is returned
+    /// instead.
     fn declare_exchange(
         &mut self,
         context: &ConnectionContext,
         declare: exchange::Declare,
     ) -> AmqpResult<()> {
-        context.vhost.declare_exchange(ExchangeDeclaration {
+        let declaration = ExchangeDeclaration {
             name: declare.exchange.as_str(),
             kind: declare.kind.as_str(),
             passive: declare.passive,
@@ -43,13 +45,34 @@ impl Channel {
             auto_delete: declare.auto_delete,
             internal: declare.internal,
             arguments: declare.arguments,
-        })?;
-        if !declare.nowait {
-            self.reply(
-                context,
-                AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
-            );
+        };
+        let nowait = declare.nowait;
+        let reply = move |channel: &mut Channel, context: &ConnectionContext| {
+            if !nowait {
+                channel.reply(
+                    context,
+                    AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
+                );
+            }
+        };
+        if !context.vhost.check_exchange_declaration(&declaration)? {
+            reply(self, context);
+            return Ok(());
         }
+        let command = MetadataCommand::DeclareExchange {
+            vhost: context.vhost.name.to_string(),
+            name: declaration.name.to_owned(),
+            kind: declaration.kind.to_owned(),
+            durable: declaration.durable,
+            auto_delete: declaration.auto_delete,
+            internal: declaration.internal,
+            arguments: declaration.arguments,
+        };
+        self.propose(context, command, move |channel, context, applied| {
+            applied?;
+            reply(channel, context);
+            Ok(())
+        });
         Ok(())
     }
 
@@ -60,15 +83,34 @@ impl Channel {
         context: &ConnectionContext,
         delete: exchange::Delete,
     ) -> AmqpResult<()> {
-        context
+        let name = delete.exchange.as_str();
+        let nowait = delete.nowait;
+        let reply = move |channel: &mut Channel, context: &ConnectionContext| {
+            if !nowait {
+                channel.reply(
+                    context,
+                    AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+                );
+            }
+        };
+        if !context
             .vhost
-            .delete_exchange(delete.exchange.as_str(), delete.if_unused)?;
-        if !delete.nowait {
-            self.reply(
-                context,
-                AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
-            );
+            .check_exchange_deletion(name, delete.if_unused)?
+        {
+            // Deleting a missing exchange succeeds, as in RabbitMQ 3.x.
+            reply(self, context);
+            return Ok(());
         }
+        let command = MetadataCommand::DeleteExchange {
+            vhost: context.vhost.name.to_string(),
+            name: name.to_owned(),
+            if_unused: delete.if_unused,
+        };
+        self.propose(context, command, move |channel, context, applied| {
+            applied?;
+            reply(channel, context);
+            Ok(())
+        });
         Ok(())
     }
 
@@ -79,20 +121,28 @@ impl Channel {
         context: &ConnectionContext,
         bind: exchange::Bind,
     ) -> AmqpResult<()> {
-        context.vhost.bind(
-            bind.source.as_str(),
-            Destination::Exchange(Arc::from(bind.destination.as_str())),
-            bind.routing_key.as_str(),
-            bind.arguments,
-            context.connection_id,
-        )?;
-        if !bind.nowait {
-            self.reply(
-                context,
-                AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
-            );
-        }
-        Ok(())
+        let nowait = bind.nowait;
+        self.change_binding(
+            context,
+            BindingChange {
+                vhost: context.vhost.name.to_string(),
+                source: bind.source.to_string(),
+                destination: bind.destination.to_string(),
+                destination_is_queue: false,
+                routing_key: bind.routing_key.to_string(),
+                arguments: bind.arguments,
+                connection: context.connection_id,
+            },
+            true,
+            move |channel, context| {
+                if !nowait {
+                    channel.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+                    );
+                }
+            },
+        )
     }
 
     /// exchange.unbind. Unbinding what is not bound succeeds, as in RabbitMQ.
@@ -101,19 +151,57 @@ impl Channel {
         context: &ConnectionContext,
         unbind: exchange::Unbind,
     ) -> AmqpResult<()> {
-        context.vhost.unbind(
-            unbind.source.as_str(),
-            Destination::Exchange(Arc::from(unbind.destination.as_str())),
-            unbind.routing_key.as_str(),
-            unbind.arguments,
-            context.connection_id,
-        )?;
-        if !unbind.nowait {
-            self.reply(
-                context,
-                AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
-            );
-        }
+        let nowait = unbind.nowait;
+        self.change_binding(
+            context,
+            BindingChange {
+                vhost: context.vhost.name.to_string(),
+                source: unbind.source.to_string(),
+                destination: unbind.destination.to_string(),
+                destination_is_queue: false,
+                routing_key: unbind.routing_key.to_string(),
+                arguments: unbind.arguments,
+                connection: context.connection_id,
+            },
+            false,
+            move |channel, context| {
+                if !nowait {
+                    channel.reply(
+                        context,
+                        AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+                    );
+                }
+            },
+        )
+    }
+
+    /// Checks a binding change here, then proposes it; `reply` answers once
+    /// it is applied.
+    pub(super) fn change_binding(
+        &mut self,
+        context: &ConnectionContext,
+        change: BindingChange,
+        bind: bool,
+        reply: impl FnOnce(&mut Channel, &ConnectionContext) + Send + 'static,
+    ) -> AmqpResult<()> {
+        let destination = if change.destination_is_queue {
+            Destination::Queue(Arc::from(change.destination.as_str()))
+        } else {
+            Destination::Exchange(Arc::from(change.destination.as_str()))
+        };
+        context
+            .vhost
+            .check_binding(&change.source, destination, context.connection_id)?;
+        let command = if bind {
+            MetadataCommand::Bind(change)
+        } else {
+            MetadataCommand::Unbind(change)
+        };
+        self.propose(context, command, move |channel, context, applied| {
+            applied?;
+            reply(channel, context);
+            Ok(())
+        });
         Ok(())
     }
 }

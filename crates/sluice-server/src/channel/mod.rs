@@ -6,17 +6,20 @@
 //!   `confirms`: publisher confirms; `transaction`: tx mode.
 //! - `acks`: basic.ack, nack, reject, recover.
 //! - `exchange_methods`, `queue_methods`, `basic_methods`: the control
-//!   methods of each class.
+//!   methods of each class; `metadata_change`: those that wait for the
+//!   metadata log.
 
 mod acks;
 mod basic_methods;
 mod confirms;
 mod exchange_methods;
+mod metadata_change;
 mod publish;
 mod queue_methods;
 mod transaction;
 
 use acks::requeue_by_queue;
+pub use metadata_change::PendingChange;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -127,6 +130,9 @@ pub struct Channel {
     next_consumer_tag: u64,
     /// The queue named by an empty queue name in later methods.
     last_declared_queue: Option<Arc<str>>,
+    /// A metadata change the last method proposed, not yet handed to the
+    /// connection.
+    pending_change: Option<PendingChange>,
     publish_scratch: PublishScratch,
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
@@ -165,6 +171,7 @@ impl Channel {
             consumer_prefetch: 0,
             next_consumer_tag: 1,
             last_declared_queue: None,
+            pending_change: None,
             publish_scratch: PublishScratch::default(),
             congested_queues: Vec::new(),
             settled_scratch: Vec::new(),

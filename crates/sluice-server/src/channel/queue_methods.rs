@@ -5,7 +5,8 @@ use std::sync::Arc;
 use amq_protocol::protocol::{queue, AMQPClass};
 use amq_protocol::types::FieldTable;
 use sluice_core::error::{AmqpError, AmqpResult};
-use sluice_core::exchange::Destination;
+use sluice_core::metadata::{BindingChange, MetadataCommand};
+use sluice_core::queue::Queue;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::vhost::QueueDeclaration;
 
@@ -33,29 +34,29 @@ impl Channel {
                     bind.routing_key.as_str(),
                     bind.arguments,
                     true,
-                )?;
-                if !nowait {
-                    self.reply(
+                    move |channel, context| {
+                        if !nowait {
+                            channel.reply(
+                                context,
+                                AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+                            );
+                        }
+                    },
+                )
+            }
+            queue::AMQPMethod::Unbind(unbind) => self.bind_queue(
+                context,
+                (unbind.queue.as_str(), unbind.exchange.as_str()),
+                unbind.routing_key.as_str(),
+                unbind.arguments,
+                false,
+                |channel, context| {
+                    channel.reply(
                         context,
-                        AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+                        AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
                     );
-                }
-                Ok(())
-            }
-            queue::AMQPMethod::Unbind(unbind) => {
-                self.bind_queue(
-                    context,
-                    (unbind.queue.as_str(), unbind.exchange.as_str()),
-                    unbind.routing_key.as_str(),
-                    unbind.arguments,
-                    false,
-                )?;
-                self.reply(
-                    context,
-                    AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
-                );
-                Ok(())
-            }
+                },
+            ),
             queue::AMQPMethod::Purge(purge) => self.purge_queue(context, purge),
             queue::AMQPMethod::Delete(delete) => self.delete_queue(context, delete),
             other => Err(AmqpError::command_invalid(format!(
@@ -72,19 +73,55 @@ impl Channel {
         context: &ConnectionContext,
         declare: queue::Declare,
     ) -> AmqpResult<()> {
-        let (queue, _created) = context.vhost.declare_queue(
-            QueueDeclaration {
-                name: declare.queue.as_str(),
-                passive: declare.passive,
-                durable: declare.durable,
-                exclusive: declare.exclusive,
-                auto_delete: declare.auto_delete,
-                arguments: declare.arguments,
-            },
-            context.connection_id,
-        )?;
+        let declaration = QueueDeclaration {
+            name: declare.queue.as_str(),
+            passive: declare.passive,
+            durable: declare.durable,
+            exclusive: declare.exclusive,
+            auto_delete: declare.auto_delete,
+            arguments: declare.arguments,
+        };
+        let nowait = declare.nowait;
+        let connection_id = context.connection_id;
+        if let Some(queue) = context
+            .vhost
+            .check_queue_declaration(&declaration, connection_id)?
+        {
+            self.declared(context, &queue, nowait);
+            return Ok(());
+        }
+        let definition = context
+            .vhost
+            .new_queue_definition(&declaration, connection_id);
+        let name = definition.name.clone();
+        let command = MetadataCommand::DeclareQueue {
+            vhost: context.vhost.name.to_string(),
+            queue: definition,
+            connection: connection_id,
+        };
+        self.propose(context, command, move |channel, context, applied| {
+            applied?;
+            let queue = context.vhost.queue(&name, connection_id)?;
+            // Its own journal failed on this node: the client hears why.
+            if queue
+                .home_node()
+                .is_some_and(|home| **home == *context.vhost.node().name)
+            {
+                if let Some(error) = queue.unavailable() {
+                    return Err(error);
+                }
+            }
+            channel.declared(context, &queue, nowait);
+            Ok(())
+        });
+        Ok(())
+    }
+
+    /// A queue declared: it becomes the channel's last declared queue, and
+    /// the client hears its counts.
+    fn declared(&mut self, context: &ConnectionContext, queue: &Arc<dyn Queue>, nowait: bool) {
         self.last_declared_queue = Some(Arc::clone(queue.name()));
-        if !declare.nowait {
+        if !nowait {
             self.reply(
                 context,
                 AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
@@ -94,7 +131,6 @@ impl Channel {
                 })),
             );
         }
-        Ok(())
     }
 
     /// queue.bind (`bind`) or queue.unbind of `(queue, exchange)`; an
@@ -106,28 +142,20 @@ impl Channel {
         routing_key: &str,
         arguments: FieldTable,
         bind: bool,
+        reply: impl FnOnce(&mut Channel, &ConnectionContext) + Send + 'static,
     ) -> AmqpResult<()> {
         let name = self.queue_name(queue)?;
         let routing_key = self.binding_key(queue, routing_key)?;
-        let destination = Destination::Queue(Arc::from(name.as_ref()));
-        let connection_id = context.connection_id;
-        if bind {
-            context.vhost.bind(
-                exchange,
-                destination,
-                &routing_key,
-                arguments,
-                connection_id,
-            )
-        } else {
-            context.vhost.unbind(
-                exchange,
-                destination,
-                &routing_key,
-                arguments,
-                connection_id,
-            )
-        }
+        let change = BindingChange {
+            vhost: context.vhost.name.to_string(),
+            source: exchange.to_owned(),
+            destination: name.to_string(),
+            destination_is_queue: true,
+            routing_key: routing_key.to_string(),
+            arguments,
+            connection: context.connection_id,
+        };
+        self.change_binding(context, change, bind, reply)
     }
 
     fn purge_queue(&mut self, context: &ConnectionContext, purge: queue::Purge) -> AmqpResult<()> {
@@ -149,24 +177,41 @@ impl Channel {
         delete: queue::Delete,
     ) -> AmqpResult<()> {
         let name = self.queue_name(delete.queue.as_str())?;
-        let (message_count, consumers) = context.vhost.delete_queue(
+        let nowait = delete.nowait;
+        let reply = move |channel: &mut Channel, context: &ConnectionContext, message_count| {
+            if !nowait {
+                channel.reply(
+                    context,
+                    AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                        message_count,
+                    })),
+                );
+            }
+        };
+        let Some(queue) = context.vhost.check_queue_deletion(
             &name,
             delete.if_unused,
             delete.if_empty,
             context.connection_id,
-        )?;
-        for consumer in consumers {
-            consumer.sink.cancelled_by_queue(&consumer);
-        }
-        self.prune_cancelled_consumers();
-        if !delete.nowait {
-            self.reply(
-                context,
-                AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
-                    message_count,
-                })),
-            );
-        }
+        )?
+        else {
+            // Deleting a missing queue succeeds, as in RabbitMQ 3.x.
+            reply(self, context, 0);
+            return Ok(());
+        };
+        let message_count = queue.message_count();
+        let command = MetadataCommand::DeleteQueue {
+            vhost: context.vhost.name.to_string(),
+            name: name.to_string(),
+            declared_at: Some(queue.options().declared_at),
+        };
+        self.propose(context, command, move |channel, context, applied| {
+            applied?;
+            // Its consumers were cancelled as the deletion was applied.
+            channel.prune_cancelled_consumers();
+            reply(channel, context, message_count);
+            Ok(())
+        });
         Ok(())
     }
 

@@ -93,6 +93,24 @@ impl TestServer {
         format!("amqp://guest:guest@{}/%2f", self.address)
     }
 
+    /// Stops this server and starts another on the same data directory:
+    /// it recovers what the first left there.
+    pub async fn restart(self) -> Self {
+        let TestServer {
+            server,
+            data_dir,
+            _temporary_dir,
+            ..
+        } = self;
+        if let Some(server) = server {
+            server.stop().await;
+        }
+        let mut restarted = Self::start_with(|config| config.data_dir = data_dir).await;
+        // Removed with the restarted server (its own fresh one goes now).
+        restarted._temporary_dir = _temporary_dir;
+        restarted
+    }
+
     pub async fn stop(mut self) {
         if let Some(server) = self.server.take() {
             server.stop().await;

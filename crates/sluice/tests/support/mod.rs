@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use lapin::{Connection, ConnectionProperties};
 
+pub mod cluster;
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

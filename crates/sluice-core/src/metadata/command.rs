@@ -1,0 +1,143 @@
+//! The metadata changes, as the log carries them, and their replies.
+
+use amq_protocol::types::FieldTable;
+use serde::{Deserialize, Serialize};
+
+use crate::definitions::{Definitions, QueueDefinition};
+use crate::error::{AmqpError, AmqpResult};
+use crate::queue::ConnectionId;
+use sluice_wire::reply_code::ReplyCode;
+
+/// One change to the metadata. Everything a node needs to apply it is in
+/// it, so that every node reaches the same state and the same reply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum MetadataCommand {
+    DeclareExchange {
+        vhost: String,
+        name: String,
+        kind: String,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: FieldTable,
+    },
+    DeleteExchange {
+        vhost: String,
+        name: String,
+        if_unused: bool,
+    },
+    /// `queue.home` names the node that holds its messages;
+    /// `queue.declared_at` and `queue.store_id` are given by the log
+    /// index the command lands at.
+    DeclareQueue {
+        vhost: String,
+        queue: QueueDefinition,
+        /// Who declares it, for the exclusive-access check.
+        connection: ConnectionId,
+    },
+    /// Deletes the queue `name` declared at `declared_at` (any when None):
+    /// a deletion decided before a newer queue took the name leaves the
+    /// newer one alone.
+    DeleteQueue {
+        vhost: String,
+        name: String,
+        declared_at: Option<u64>,
+    },
+    Bind(BindingChange),
+    Unbind(BindingChange),
+    /// A node (re)started: its non-durable queues of earlier runs are gone
+    /// with the connections and memory that held them. A cluster of one
+    /// restarting is the whole cluster restarting: its non-durable
+    /// exchanges are gone too (`whole_cluster`), as in RabbitMQ, where they
+    /// live in memory on every node.
+    NodeStarted {
+        node: String,
+        incarnation: u64,
+        whole_cluster: bool,
+    },
+    /// Definitions a single-node version of Sluice saved, taken over by
+    /// `node`: declared where missing.
+    TakeOver {
+        node: String,
+        definitions: Definitions,
+    },
+}
+
+/// queue.bind, exchange.bind and their unbinds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BindingChange {
+    pub vhost: String,
+    pub source: String,
+    pub destination: String,
+    pub destination_is_queue: bool,
+    pub routing_key: String,
+    pub arguments: FieldTable,
+    /// Who binds, for the exclusive-access check on a queue.
+    pub connection: ConnectionId,
+}
+
+/// What every node computes for a command: success, or the AMQP error the
+/// client that proposed it gets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetadataReply {
+    Done,
+    Refused { code: u16, text: String },
+}
+
+impl MetadataReply {
+    pub fn from_result(result: AmqpResult<()>) -> Self {
+        match result {
+            Ok(()) => MetadataReply::Done,
+            Err(error) => MetadataReply::Refused {
+                code: error.code.code(),
+                text: error.text,
+            },
+        }
+    }
+
+    pub fn into_result(self) -> AmqpResult<()> {
+        match self {
+            MetadataReply::Done => Ok(()),
+            MetadataReply::Refused { code, text } => Err(AmqpError::new(
+                ReplyCode::from_code(code).unwrap_or(ReplyCode::InternalError),
+                text,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_carry_the_amqp_error_through_the_log() {
+        let refused = MetadataReply::from_result(Err(AmqpError::precondition_failed("no")));
+        let bytes = serde_json::to_vec(&refused).unwrap();
+        let back: MetadataReply = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            back.into_result(),
+            Err(AmqpError::precondition_failed("no"))
+        );
+        assert_eq!(MetadataReply::from_result(Ok(())).into_result(), Ok(()));
+    }
+
+    #[test]
+    fn commands_survive_their_encoding() {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), 10i64.into());
+        let command = MetadataCommand::DeclareExchange {
+            vhost: "/".into(),
+            name: "x".into(),
+            kind: "topic".into(),
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            arguments,
+        };
+        let bytes = serde_json::to_vec(&command).unwrap();
+        let back: MetadataCommand = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{command:?}"));
+    }
+}

@@ -1,0 +1,102 @@
+//! The cluster's metadata as a log of changes: exchanges, queues and
+//! bindings are declared and deleted by [`MetadataCommand`]s that every
+//! node applies in the same order (the metadata Raft group of
+//! `sluice-server`). A client's change is checked locally, proposed, and
+//! answered only once applied on the node it came through; reads and
+//! routing are local.
+//!
+//! Here: the changes, the reply every node computes for each, and the way
+//! into the log. [`crate::metadata_apply`] applies a change to the node,
+//! [`crate::metadata_snapshot`] writes the node out and brings it back.
+
+mod command;
+
+pub use command::{BindingChange, MetadataCommand, MetadataReply};
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{AmqpError, AmqpResult};
+use sluice_wire::reply_code::ReplyCode;
+
+/// A proposal on its way through the metadata log.
+pub type Proposal = Pin<Box<dyn Future<Output = AmqpResult<()>> + Send>>;
+
+/// Where metadata changes are proposed: the cluster's metadata log.
+pub trait MetadataLog: Send + Sync {
+    /// Proposes `command`; resolves once it is applied on this node, with
+    /// the reply every node computed for it, or with why it could not be
+    /// committed (no majority within the bound).
+    fn propose(&self, command: MetadataCommand) -> Proposal;
+}
+
+/// This node, as the metadata names it.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    /// `node_name`, the home of the queues declared through this node.
+    pub name: Arc<str>,
+    /// Random per run: a non-durable queue declared in an earlier run of
+    /// its home node is gone (see [`MetadataCommand::NodeStarted`]).
+    pub incarnation: u64,
+}
+
+impl NodeIdentity {
+    /// The name of a node that is a cluster of one and names itself not.
+    pub const STANDALONE: &'static str = "sluice@localhost:25672";
+
+    pub fn new(name: &str) -> Self {
+        NodeIdentity {
+            name: Arc::from(name),
+            incarnation: rand::random::<u64>() | 1,
+        }
+    }
+}
+
+/// The node's way into the metadata log, installed once the log is up.
+#[derive(Default)]
+pub struct MetadataProposer {
+    log: OnceLock<Arc<dyn MetadataLog>>,
+    runtime: OnceLock<tokio::runtime::Handle>,
+}
+
+impl MetadataProposer {
+    /// Installs the log; proposals made from threads outside the runtime
+    /// (queue timers) run on `runtime`.
+    pub fn install(&self, log: Arc<dyn MetadataLog>, runtime: tokio::runtime::Handle) {
+        let _ = self.log.set(log);
+        let _ = self.runtime.set(runtime);
+    }
+
+    pub fn is_installed(&self) -> bool {
+        self.log.get().is_some()
+    }
+
+    pub fn propose(&self, command: MetadataCommand) -> Proposal {
+        match self.log.get() {
+            Some(log) => log.propose(command),
+            None => Box::pin(std::future::ready(Err(AmqpError::new(
+                ReplyCode::InternalError,
+                "the metadata log is not running",
+            )))),
+        }
+    }
+
+    /// Proposes a change nobody waits for (a queue deleted because its
+    /// owner closed or it expired); a failure is logged.
+    pub fn propose_in_background(&self, command: MetadataCommand) {
+        let Some(runtime) = self.runtime.get() else {
+            tracing::error!(
+                ?command,
+                "metadata change dropped: the metadata log is not running"
+            );
+            return;
+        };
+        let proposal = self.propose(command.clone());
+        runtime.spawn(async move {
+            if let Err(error) = proposal.await {
+                tracing::warn!(?command, %error, "a metadata change failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,54 @@
+//! A method that changes the metadata (a declaration, a deletion, a
+//! binding) is answered only once the metadata log applied it on this
+//! node. The channel hands its proposal to the connection, which waits for
+//! it before it reads the next frame, then lets the channel finish: reply,
+//! or fail with the error every node computed.
+
+use sluice_core::error::AmqpResult;
+use sluice_core::metadata::{MetadataCommand, Proposal};
+
+use super::Channel;
+use crate::connection_context::ConnectionContext;
+
+/// What the channel does once its proposal is settled: with the proposal's
+/// outcome, reply or fail.
+pub type AfterChange =
+    Box<dyn FnOnce(&mut Channel, &ConnectionContext, AmqpResult<()>) -> AmqpResult<()> + Send>;
+
+/// A proposal under way and what follows it. Behind a mutex only so that
+/// the connection holding it stays `Sync` (the proposal's future need not
+/// be); it is taken apart before it is awaited, never locked twice.
+pub struct PendingChange(std::sync::Mutex<(Proposal, AfterChange)>);
+
+impl PendingChange {
+    /// The proposal to await, and what the channel does with its outcome.
+    pub fn into_parts(self) -> (Proposal, AfterChange) {
+        self.0
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Channel {
+    /// Proposes `command`; `then` finishes the method once it is applied
+    /// (or refused). The connection waits for it before anything else.
+    pub(super) fn propose(
+        &mut self,
+        context: &ConnectionContext,
+        command: MetadataCommand,
+        then: impl FnOnce(&mut Channel, &ConnectionContext, AmqpResult<()>) -> AmqpResult<()>
+            + Send
+            + 'static,
+    ) {
+        debug_assert!(self.pending_change.is_none(), "one change at a time");
+        self.pending_change = Some(PendingChange(std::sync::Mutex::new((
+            context.broker.metadata.propose(command),
+            Box::new(then),
+        ))));
+    }
+
+    /// The change the last method started, for the connection to wait on.
+    pub fn take_pending_change(&mut self) -> Option<PendingChange> {
+        self.pending_change.take()
+    }
+}

@@ -1,0 +1,209 @@
+//! The metadata of a 3-node cluster of real `sluice server` processes:
+//! what a client declares through one node is there on the others; changes
+//! go on with a node down (killed or paused) and the node learns them when
+//! it returns; with the majority down a change fails, clearly and within
+//! the bound, instead of hanging.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, ExchangeKind};
+use support::cluster::{cluster, Node};
+use support::connect;
+
+async fn channel_on(node: &Node) -> (lapin::Connection, Channel) {
+    let connection = connect(node.amqp_port).await;
+    let channel = connection.create_channel().await.expect("channel opens");
+    (connection, channel)
+}
+
+async fn declare_exchange(channel: &Channel, name: &str) -> lapin::Result<()> {
+    channel
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+}
+
+/// Whether the exchange exists, as a client sees it: a passive declare on
+/// a channel of its own (a miss closes the channel).
+async fn exchange_exists(connection: &lapin::Connection, name: &str) -> bool {
+    let channel = connection.create_channel().await.expect("channel opens");
+    channel
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok()
+}
+
+async fn queue_exists(connection: &lapin::Connection, name: &str) -> bool {
+    let channel = connection.create_channel().await.expect("channel opens");
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok()
+}
+
+/// Waits for what another node applied to reach this one: a follower
+/// applies a change a moment after the node that proposed it.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn started(test: &str) -> Vec<Node> {
+    let mut nodes = cluster(test, &["secret", "secret", "secret"]);
+    // In any order.
+    for index in [1, 2, 0] {
+        nodes[index].start();
+    }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_declared_on_one_node_is_seen_on_the_others() {
+    let nodes = started("metadata-seen");
+    let (first, channel) = channel_on(&nodes[0]).await;
+    declare_exchange(&channel, "orders")
+        .await
+        .expect("exchange declares");
+    channel
+        .queue_declare(
+            "orders.eu".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue declares");
+    channel
+        .queue_bind(
+            "orders.eu".into(),
+            "orders".into(),
+            "eu".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue binds");
+    for node in &nodes[1..] {
+        let (connection, channel) = channel_on(node).await;
+        eventually("the queue is seen", async || {
+            queue_exists(&connection, "orders.eu").await
+        })
+        .await;
+        assert!(
+            exchange_exists(&connection, "orders").await,
+            "{}",
+            node.name
+        );
+        // The binding is there too: the exchange is in use.
+        let refused = channel
+            .exchange_delete(
+                "orders".into(),
+                ExchangeDeleteOptions {
+                    if_unused: true,
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(refused.is_err(), "{} sees the binding", node.name);
+        connection.close(200, "bye".into()).await.ok();
+    }
+    first.close(200, "bye".into()).await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_changes_go_on_without_a_node_which_learns_them_on_return() {
+    let mut nodes = started("metadata-return");
+    let (first, channel) = channel_on(&nodes[0]).await;
+    declare_exchange(&channel, "before")
+        .await
+        .expect("declares");
+
+    // Killed: the two others are a majority.
+    nodes[2].kill();
+    declare_exchange(&channel, "while-killed")
+        .await
+        .expect("declares with a node down");
+    nodes[2].start();
+    let (third, _) = channel_on(&nodes[2]).await;
+    assert!(exchange_exists(&third, "before").await);
+    assert!(exchange_exists(&third, "while-killed").await);
+    third.close(200, "bye".into()).await.ok();
+
+    // Paused, as if partitioned: the same.
+    nodes[1].signal(libc::SIGSTOP);
+    declare_exchange(&channel, "while-paused")
+        .await
+        .expect("declares with a node hung");
+    nodes[1].signal(libc::SIGCONT);
+    let (second, _) = channel_on(&nodes[1]).await;
+    eventually("the resumed node learns it", async || {
+        exchange_exists(&second, "while-paused").await
+    })
+    .await;
+    second.close(200, "bye".into()).await.ok();
+    first.close(200, "bye".into()).await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_without_a_majority_a_change_fails_clearly_within_the_bound() {
+    let mut nodes = started("metadata-minority");
+    let (first, channel) = channel_on(&nodes[0]).await;
+    declare_exchange(&channel, "with-majority")
+        .await
+        .expect("declares");
+    nodes[1].kill();
+    nodes[2].kill();
+    let began = Instant::now();
+    let error = declare_exchange(&channel, "without-majority")
+        .await
+        .expect_err("no majority, no change");
+    let waited = began.elapsed();
+    let text = error.to_string();
+    assert!(
+        text.contains("541") || text.contains("INTERNAL_ERROR"),
+        "{text}"
+    );
+    assert!(text.contains("no majority"), "{text}");
+    assert!(
+        waited < Duration::from_secs(20),
+        "failed only after {waited:?}"
+    );
+    // Reads stay local: what exists is still there.
+    let (still, _) = channel_on(&nodes[0]).await;
+    assert!(exchange_exists(&still, "with-majority").await);
+    still.close(200, "bye".into()).await.ok();
+    drop(first);
+}
