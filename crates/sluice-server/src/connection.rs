@@ -468,19 +468,29 @@ impl Connection {
     /// Waits for a channel's metadata change (bounded by the metadata log's
     /// own timeout), then lets the channel reply or fail.
     async fn finish_change(&mut self, waiting: WaitingChange) {
-        let (proposal, then) = waiting.change.into_parts();
-        let applied = proposal.await;
-        let Some(channel) = self.channels.get_mut(&waiting.channel_id) else {
-            return;
-        };
-        if let Err(error) = then(channel, &self.context, applied) {
-            let (class_id, method_id) = waiting.method_ids;
-            if let Flow::CloseWith(error, class_id, method_id) =
-                self.channel_error(waiting.channel_id, error, (class_id, method_id))
-            {
-                self.start_close(&error, class_id, method_id);
+        let mut change = waiting.change;
+        loop {
+            let (proposal, then) = change.into_parts();
+            let applied = proposal.await;
+            let Some(channel) = self.channels.get_mut(&waiting.channel_id) else {
+                return;
+            };
+            if let Err(error) = then(channel, &self.context, applied) {
+                let (class_id, method_id) = waiting.method_ids;
+                if let Flow::CloseWith(error, class_id, method_id) =
+                    self.channel_error(waiting.channel_id, error, (class_id, method_id))
+                {
+                    self.start_close(&error, class_id, method_id);
+                }
+                return;
+            }
+            // A method tried again after a read barrier may now propose.
+            match channel.take_pending_change() {
+                Some(next) => change = next,
+                None => break,
             }
         }
+        self.refresh_consumer_queues();
     }
 
     async fn wait_for_writer(&self) {
@@ -771,7 +781,18 @@ impl Connection {
                             | amq_protocol::protocol::basic::AMQPMethod::Cancel(_)
                     )
                 );
+                // Kept to ask again should this node's copy of the metadata
+                // lack what it names (see `retry_after_sync`).
+                let again = (looks_up_metadata(&class) && context.broker.metadata.is_replicated())
+                    .then(|| class.clone());
                 let result = channel.handle_control(context, class);
+                if let (Err(error), Some(class)) = (&result, again) {
+                    if error.code == ReplyCode::NotFound {
+                        return Flow::AwaitChange(retry_after_sync(
+                            context, channel_id, ids, class,
+                        ));
+                    }
+                }
                 if let Some(change) = channel.take_pending_change() {
                     if result.is_ok() {
                         return Flow::AwaitChange(WaitingChange {
@@ -963,6 +984,43 @@ impl Connection {
         self.context
             .vhost
             .remove_exclusive_queues(self.context.connection_id);
+    }
+}
+
+/// Methods that name an exchange or queue which may have been declared
+/// through another node a moment ago.
+fn looks_up_metadata(class: &AMQPClass) -> bool {
+    use amq_protocol::protocol::basic;
+    matches!(
+        class,
+        AMQPClass::Exchange(_)
+            | AMQPClass::Queue(_)
+            | AMQPClass::Basic(basic::AMQPMethod::Consume(_) | basic::AMQPMethod::Get(_))
+    )
+}
+
+/// A lookup found nothing in this node's copy of the metadata, which may
+/// lag a change another node already answered: wait until this node has
+/// applied everything committed so far, then handle the method again. If
+/// the cluster cannot say (no majority), the local copy answers.
+fn retry_after_sync(
+    context: &ConnectionContext,
+    channel_id: u16,
+    method_ids: (u16, u16),
+    class: AMQPClass,
+) -> WaitingChange {
+    let change = PendingChange::new(
+        context.broker.metadata.sync(),
+        Box::new(
+            move |channel: &mut Channel, context: &ConnectionContext, _synced| {
+                channel.handle_control(context, class)
+            },
+        ),
+    );
+    WaitingChange {
+        channel_id,
+        method_ids,
+        change,
     }
 }
 

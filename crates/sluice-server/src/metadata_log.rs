@@ -75,6 +75,24 @@ fn refused(text: &str) -> MetadataReply {
 pub struct RaftMetadataLog {
     pub group: Arc<RaftGroup>,
     pub timeout: Duration,
+    /// The group has other members.
+    pub replicated: bool,
+}
+
+fn not_committed(error: ProposeError) -> AmqpError {
+    match error {
+        ProposeError::Timeout(limit) => AmqpError::new(
+            ReplyCode::InternalError,
+            format!(
+                "metadata change not committed: no majority of the cluster answered within {}s",
+                limit.as_secs()
+            ),
+        ),
+        error => AmqpError::new(
+            ReplyCode::InternalError,
+            format!("metadata change failed: {error}"),
+        ),
+    }
 }
 
 impl MetadataLog for RaftMetadataLog {
@@ -92,18 +110,29 @@ impl MetadataLog for RaftMetadataLog {
                         )
                     })?
                     .into_result(),
-                Err(ProposeError::Timeout(limit)) => Err(AmqpError::new(
-                    ReplyCode::InternalError,
-                    format!(
-                        "metadata change not committed: no majority of the cluster answered within {}s",
-                        limit.as_secs()
-                    ),
-                )),
-                Err(error) => Err(AmqpError::new(
-                    ReplyCode::InternalError,
-                    format!("metadata change failed: {error}"),
-                )),
+                Err(error) => Err(not_committed(error)),
             }
         })
+    }
+
+    fn sync(&self) -> Proposal {
+        let group = Arc::clone(&self.group);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            group.sync(timeout).await.map_err(|error| match error {
+                ProposeError::Timeout(limit) => AmqpError::new(
+                    ReplyCode::InternalError,
+                    format!(
+                        "metadata not readable: no majority of the cluster answered within {}s",
+                        limit.as_secs()
+                    ),
+                ),
+                error => not_committed(error),
+            })
+        })
+    }
+
+    fn is_replicated(&self) -> bool {
+        self.replicated
     }
 }

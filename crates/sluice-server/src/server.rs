@@ -324,6 +324,7 @@ async fn start_metadata_log(
     links: Option<Arc<Links>>,
     store: &Arc<DefinitionStore>,
 ) -> Result<Arc<RaftGroup>, ServerError> {
+    let replicated = members.len() > 1;
     let settings = GroupSettings::new(
         METADATA_GROUP,
         config.data_dir.join(METADATA_DIR),
@@ -342,6 +343,7 @@ async fn start_metadata_log(
         Arc::new(RaftMetadataLog {
             group: Arc::clone(&group),
             timeout: METADATA_CHANGE_TIMEOUT,
+            replicated,
         }),
         tokio::runtime::Handle::current(),
     );

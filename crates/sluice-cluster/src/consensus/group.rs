@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::log_store::LogStore;
 use super::state_machine::GroupStateMachine;
-use super::transport::{reply_bytes, GroupEndpoint, GroupNetwork, Transport};
+use super::transport::{read_index, reply_bytes, GroupEndpoint, GroupNetwork, Transport};
 use super::types::{Command, Raft};
 use super::wire::{ProposeRefusal, Request, Response};
 use super::{ConsensusError, ProposeError, StateMachine};
@@ -309,6 +309,52 @@ impl RaftGroup {
                 Attempt::Retry
             }
             Ok(_) | Err(_) => Attempt::Retry,
+        }
+    }
+
+    /// A read barrier: returns once this node has applied every change
+    /// committed before the call, wherever it was proposed. A lookup that
+    /// found nothing here asks this before it answers "not found", so a
+    /// client that declared something through another node a moment ago
+    /// finds it.
+    ///
+    /// # Errors
+    /// No leader confirmed within `timeout`.
+    pub async fn sync(&self, timeout: Duration) -> Result<(), ProposeError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ProposeError::Timeout(timeout));
+            }
+            let leader = self.raft.metrics().borrow_watched().current_leader;
+            let index = match leader {
+                Some(leader) if leader == self.local_id => read_index(&self.raft, left).await.ok(),
+                Some(leader) => match self.members.get(&leader) {
+                    Some(peer) => {
+                        match self
+                            .transport
+                            .request(peer, self.group, Request::ReadIndex, left)
+                            .await
+                        {
+                            Ok(Response::ReadIndex(Ok(index))) => Some(index),
+                            _ => None,
+                        }
+                    }
+                    None => None,
+                },
+                None => None,
+            };
+            match index {
+                Some(index) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return self.wait_applied(index, left).await;
+                }
+                None => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(RETRY_DELAY.min(left)).await;
+                }
+            }
         }
     }
 

@@ -15,7 +15,7 @@ use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
+use openraft::{BasicNode, OptionalSend, RaftNetworkV2, ReadPolicy};
 use tokio::sync::{oneshot, Semaphore};
 
 use super::log_store::{decode, encode};
@@ -235,6 +235,9 @@ async fn handle(endpoint: GroupEndpoint, request: Request) -> Response {
                     .map_err(|error| error.to_string()),
             )
         }
+        Request::ReadIndex => {
+            Response::ReadIndex(read_index(&raft, endpoint.propose_timeout).await)
+        }
         Request::Propose(command) => {
             let written = tokio::time::timeout(
                 endpoint.propose_timeout,
@@ -255,6 +258,18 @@ async fn handle(endpoint: GroupEndpoint, request: Request) -> Response {
                 )),
             })
         }
+    }
+}
+
+/// On the leader: the index every read after now must see applied.
+pub async fn read_index(raft: &Raft, timeout: Duration) -> Result<u64, ProposeRefusal> {
+    match tokio::time::timeout(timeout, raft.ensure_linearizable(ReadPolicy::ReadIndex)).await {
+        Ok(Ok(read)) => Ok(read.log_id().index),
+        Ok(Err(error)) if error.forward_to_leader().is_some() => Err(ProposeRefusal::NotLeader),
+        Ok(Err(error)) => Err(ProposeRefusal::Failed(error.to_string())),
+        Err(_) => Err(ProposeRefusal::Failed(
+            "leadership not confirmed in time".to_owned(),
+        )),
     }
 }
 

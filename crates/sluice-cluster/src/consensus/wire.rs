@@ -38,6 +38,9 @@ pub enum Request {
     },
     /// A member that is not the leader hands a proposal to the leader.
     Propose(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// How far a member must apply to have seen every change committed
+    /// before now (a read barrier).
+    ReadIndex,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -47,6 +50,8 @@ pub enum Response {
     Snapshot(Result<SnapshotResponse<TypeConfig>, String>),
     /// The reply and the index the proposal landed at.
     Proposed(Result<(serde_bytes::ByteBuf, u64), ProposeRefusal>),
+    /// The index to apply through; an error when not the leader.
+    ReadIndex(Result<u64, ProposeRefusal>),
     /// The receiver has no such group.
     NoGroup,
 }

@@ -29,6 +29,14 @@ pub trait MetadataLog: Send + Sync {
     /// the reply every node computed for it, or with why it could not be
     /// committed (no majority within the bound).
     fn propose(&self, command: MetadataCommand) -> Proposal;
+
+    /// Resolves once this node has applied every change committed anywhere
+    /// before the call: a read barrier.
+    fn sync(&self) -> Proposal;
+
+    /// Whether other nodes share the log: only then can this node's copy
+    /// lag a change that was already answered.
+    fn is_replicated(&self) -> bool;
 }
 
 /// This node, as the metadata names it.
@@ -80,6 +88,19 @@ impl MetadataProposer {
                 "the metadata log is not running",
             )))),
         }
+    }
+
+    /// See [`MetadataLog::sync`]; nothing to wait for without a log.
+    pub fn sync(&self) -> Proposal {
+        match self.log.get() {
+            Some(log) => log.sync(),
+            None => Box::pin(std::future::ready(Ok(()))),
+        }
+    }
+
+    /// See [`MetadataLog::is_replicated`].
+    pub fn is_replicated(&self) -> bool {
+        self.log.get().is_some_and(|log| log.is_replicated())
     }
 
     /// Proposes a change nobody waits for (a queue deleted because its

@@ -90,6 +90,9 @@ impl Channel {
     fn get(&mut self, context: &ConnectionContext, get: basic::Get) -> AmqpResult<()> {
         let name = self.queue_name(get.queue.as_str())?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
+        if let Some(error) = queue.unavailable() {
+            return Err(error);
+        }
         match queue.get(get.no_ack) {
             Some((entry, message_count)) => {
                 self.deliveries

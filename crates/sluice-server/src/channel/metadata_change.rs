@@ -21,6 +21,10 @@ pub type AfterChange =
 pub struct PendingChange(std::sync::Mutex<(Proposal, AfterChange)>);
 
 impl PendingChange {
+    pub fn new(proposal: Proposal, then: AfterChange) -> Self {
+        PendingChange(std::sync::Mutex::new((proposal, then)))
+    }
+
     /// The proposal to await, and what the channel does with its outcome.
     pub fn into_parts(self) -> (Proposal, AfterChange) {
         self.0
@@ -41,10 +45,10 @@ impl Channel {
             + 'static,
     ) {
         debug_assert!(self.pending_change.is_none(), "one change at a time");
-        self.pending_change = Some(PendingChange(std::sync::Mutex::new((
+        self.pending_change = Some(PendingChange::new(
             context.broker.metadata.propose(command),
             Box::new(then),
-        ))));
+        ));
     }
 
     /// The change the last method started, for the connection to wait on.

@@ -161,6 +161,9 @@ impl Channel {
     fn purge_queue(&mut self, context: &ConnectionContext, purge: queue::Purge) -> AmqpResult<()> {
         let name = self.queue_name(purge.queue.as_str())?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
+        if let Some(error) = queue.unavailable() {
+            return Err(error);
+        }
         let message_count = queue.purge();
         if !purge.nowait {
             self.reply(
