@@ -82,6 +82,12 @@ impl Broker {
                 }
                 Ok(())
             }
+            MetadataCommand::NodeDown { node } => {
+                for vhost in self.vhosts() {
+                    vhost.remove_queues_of_dead_node(&node);
+                }
+                Ok(())
+            }
             MetadataCommand::TakeOver { node, definitions } => {
                 for (name, vhost_definitions) in &definitions.vhosts {
                     self.add_vhost(name).take_over(vhost_definitions, &node);

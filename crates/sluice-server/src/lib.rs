@@ -6,6 +6,7 @@
 //! - [`cluster_config`]: `node_name` and `cluster_formation.*`: the node's cluster.
 //! - [`server`]: the TCP listener and shutdown.
 //! - [`metadata_log`]: the metadata Raft group, with the broker as its state machine.
+//! - [`node_monitor`]: a node that goes down loses its non-durable queues.
 //! - [`connection`]: one client connection's reader task and frame handling.
 //! - [`connection_registry`]: the open connections and their flow-control state.
 //! - [`handshake`]: protocol header, authentication, tuning, vhost.
@@ -30,6 +31,7 @@ pub mod handshake;
 pub mod in_flight;
 pub mod limits;
 pub mod metadata_log;
+pub mod node_monitor;
 pub mod outbox;
 pub mod resource_limit;
 pub mod server;

@@ -30,6 +30,7 @@ use crate::in_flight::InFlightBytes;
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
+use crate::node_monitor;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
@@ -306,6 +307,9 @@ async fn open_node(
         metadata.shutdown().await;
         stop_links(&links);
         return Err(error);
+    }
+    if let Some(links) = &links {
+        node_monitor::start(links, &broker, &metadata);
     }
     Ok(OpenNode {
         broker,

@@ -209,3 +209,35 @@ async fn cluster_metadata_without_a_majority_a_change_fails_clearly_within_the_b
     still.close(200, "bye".into()).await.ok();
     drop(first);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_a_dead_node_takes_its_non_durable_queues_with_it() {
+    let mut nodes = started("metadata-dead-node");
+    let (third, channel) = channel_on(&nodes[2]).await;
+    for (name, durable) in [("lives-on", true), ("goes-with-its-node", false)] {
+        channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    durable,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue declares");
+    }
+    drop(third);
+    nodes[2].kill();
+    let (first, _) = channel_on(&nodes[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue_exists(&first, "goes-with-its-node").await {
+        assert!(Instant::now() < deadline, "the dead node's queue stayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        queue_exists(&first, "lives-on").await,
+        "a durable queue waits for its node"
+    );
+    first.close(200, "bye".into()).await.ok();
+}

@@ -56,6 +56,11 @@ pub enum MetadataCommand {
         incarnation: u64,
         whole_cluster: bool,
     },
+    /// A node is down (its links to the leader broke): its non-durable
+    /// queues are gone, as in RabbitMQ, with their owners and messages.
+    NodeDown {
+        node: String,
+    },
     /// Definitions a single-node version of Sluice saved, taken over by
     /// `node`: declared where missing.
     TakeOver {

@@ -177,6 +177,21 @@ impl VirtualHost {
         }
     }
 
+    /// Deletes the non-durable queues of a node that went down. Applied
+    /// alike everywhere, the node itself included when it was only cut off
+    /// and comes back: its consumers of them hear basic.cancel.
+    pub fn remove_queues_of_dead_node(&self, node: &str) {
+        let gone: Vec<Arc<dyn Queue>> = read(&self.queues)
+            .values()
+            .filter(|queue| !queue.options().durable && self.home_of(queue.as_ref()) == node)
+            .cloned()
+            .collect();
+        for queue in gone {
+            tracing::info!(queue = %queue.name(), vhost = %self.name, node, "deleting a non-durable queue of a node that went down");
+            self.apply_delete_queue(queue.name(), Some(queue.options().declared_at));
+        }
+    }
+
     /// Deletes every non-durable exchange, with the bindings from and to
     /// it: the whole cluster restarted.
     pub fn remove_transient_exchanges(&self) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use amq_protocol::protocol::{basic, AMQPClass};
 use sluice_core::arguments::{as_integer, check_consume_arguments};
 use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::metadata::MetadataCommand;
 use sluice_core::queue::{Consumer, Queue};
 use sluice_core::reply_to::REPLY_TO_QUEUE;
 
@@ -64,25 +65,51 @@ impl Channel {
     /// an unknown tag succeeds, as in RabbitMQ.
     fn cancel(&mut self, context: &ConnectionContext, cancel: basic::Cancel) {
         let tag = cancel.consumer_tag.as_str();
+        let mut unused = None;
         if self
             .reply_consumer
             .as_ref()
             .is_some_and(|consumer| consumer.tag.as_ref() == tag)
         {
             self.cancel_reply_consumer(context);
-        } else if let Some(queue) = self.cancel_consumer(context, tag) {
-            // Its unacked messages stay with the channel (basic.cancel
-            // does not requeue them): the new active consumer takes
-            // the ready ones now.
-            queue.dispatch();
+        } else if let Some(cancelled) = self.remove_consumer(context, tag) {
+            if let Some(queue) = cancelled.new_active {
+                // Its unacked messages stay with the channel (basic.cancel
+                // does not requeue them): the new active consumer takes
+                // the ready ones now.
+                queue.dispatch();
+            }
+            unused = cancelled.unused;
         }
-        if !cancel.nowait {
-            self.reply(
-                context,
-                AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
-                    consumer_tag: cancel.consumer_tag,
-                })),
-            );
+        let nowait = cancel.nowait;
+        let reply = move |channel: &mut Channel, context: &ConnectionContext| {
+            if !nowait {
+                channel.reply(
+                    context,
+                    AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                        consumer_tag: cancel.consumer_tag,
+                    })),
+                );
+            }
+        };
+        match unused {
+            // The auto-delete queue it leaves unused is gone before
+            // cancel-ok, as the queue itself answers it in RabbitMQ.
+            Some(queue) => {
+                let command = MetadataCommand::DeleteQueue {
+                    vhost: context.vhost.name.to_string(),
+                    name: queue.name().to_string(),
+                    declared_at: Some(queue.options().declared_at),
+                };
+                self.propose(context, command, move |channel, context, deleted| {
+                    if let Err(error) = deleted {
+                        tracing::warn!(%error, "an unused auto-delete queue was not deleted");
+                    }
+                    reply(channel, context);
+                    Ok(())
+                });
+            }
+            None => reply(self, context),
         }
     }
 
@@ -236,20 +263,39 @@ impl Channel {
 
     /// Removes a consumer from its queue. Returns the queue when it is a
     /// single-active-consumer queue whose active consumer this was: the
-    /// caller dispatches it, after requeueing what is to be requeued.
+    /// caller dispatches it, after requeueing what is to be requeued. An
+    /// auto-delete queue left without consumers is deleted, without waiting.
     pub(super) fn cancel_consumer(
         &mut self,
         context: &ConnectionContext,
         tag: &str,
     ) -> Option<Arc<dyn Queue>> {
-        // Cancelling an unknown tag succeeds, as in RabbitMQ.
+        let cancelled = self.remove_consumer(context, tag)?;
+        if let Some(unused) = &cancelled.unused {
+            context.vhost.propose_queue_deletion(unused);
+        }
+        cancelled.new_active
+    }
+
+    /// Removes a consumer from its queue (an unknown tag is no error, as in
+    /// RabbitMQ).
+    fn remove_consumer(&mut self, context: &ConnectionContext, tag: &str) -> Option<Cancelled> {
         let entry = self.consumers.remove(tag)?;
         let removed = entry
             .queue
             .remove_consumer(context.connection_id, self.id, tag)?;
-        if removed.queue_now_unused {
-            context.vhost.propose_queue_deletion(&entry.queue);
-        }
-        removed.active_consumer_changed.then_some(entry.queue)
+        Some(Cancelled {
+            unused: removed.queue_now_unused.then(|| Arc::clone(&entry.queue)),
+            new_active: removed.active_consumer_changed.then_some(entry.queue),
+        })
     }
+}
+
+/// What cancelling a consumer left to do.
+struct Cancelled {
+    /// An auto-delete queue that lost its last consumer: to delete.
+    unused: Option<Arc<dyn Queue>>,
+    /// A single-active-consumer queue with a new active consumer: to
+    /// dispatch.
+    new_active: Option<Arc<dyn Queue>>,
 }
