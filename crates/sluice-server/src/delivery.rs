@@ -3,7 +3,7 @@
 //!
 //! It owns the channel's delivery tags, the record of which queue holds
 //! each unacknowledged message (the queue holds the message), and enforces
-//! prefetch (per consumer and per channel) and channel.flow.
+//! prefetch (per consumer and per channel).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -38,8 +38,6 @@ struct DeliveryState {
     /// basic.qos with global=true: unacked messages across the channel; 0 is
     /// unlimited.
     channel_prefetch: u32,
-    /// channel.flow from the client.
-    flow_active: bool,
     /// A delivery was refused because the channel-wide prefetch was
     /// reached: the next settle frees room some other queue of the channel
     /// may be waiting for. Without it, a settle asks only the queues it
@@ -84,7 +82,6 @@ impl ChannelDeliveries {
                 next_delivery_tag: 1,
                 unacked: VecDeque::new(),
                 channel_prefetch: 0,
-                flow_active: true,
                 refused_for_channel_prefetch: false,
                 closed: false,
                 cancelled_by_queue: Vec::new(),
@@ -122,10 +119,6 @@ impl ChannelDeliveries {
 
     pub fn take_cancelled_by_queue(&self) -> Vec<Arc<str>> {
         std::mem::take(&mut self.lock().cancelled_by_queue)
-    }
-
-    pub fn set_flow(&self, active: bool) {
-        self.lock().flow_active = active;
     }
 
     /// Stops deliveries and hands back every unacked message, oldest first.
@@ -332,7 +325,7 @@ impl DeliverySink for ChannelDeliveries {
         entry: &QueuedMessage,
     ) -> bool {
         let mut state = self.lock();
-        if state.closed || !state.flow_active {
+        if state.closed {
             return false;
         }
         if !consumer.no_ack && !Self::channel_has_room(&state) {

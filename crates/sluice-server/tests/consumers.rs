@@ -630,40 +630,22 @@ async fn consumers_recover_requeues_unacked_as_redelivered() {
 }
 
 #[tokio::test]
-async fn consumers_channel_flow_pauses_and_resumes_deliveries() {
+async fn consumers_channel_flow_off_is_refused_as_rabbitmq_does() {
     let server = TestServer::start().await;
     let (connection, channel) = open(&server).await;
-    declare(&channel, "q").await;
-    let mut consumer = consume_with(
-        &channel,
-        "q",
-        "c",
-        BasicConsumeOptions {
-            no_ack: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    let active = channel
-        .channel_flow(ChannelFlowOptions { active: false })
-        .await
-        .unwrap();
-    assert!(!active);
-    let publisher = connection.create_channel().await.unwrap();
-    publish_numbered(&publisher, "q", 3).await;
-    assert_no_delivery(&mut consumer).await;
-    assert_eq!(ready_count(&publisher, "q").await, 3);
     let active = channel
         .channel_flow(ChannelFlowOptions { active: true })
         .await
         .unwrap();
-    assert!(active);
-    for expected in ["m0", "m1", "m2"] {
-        assert_eq!(body(&next_delivery(&mut consumer).await), expected);
-    }
-    connection.close(200, "bye".into()).await.unwrap();
+    assert!(active, "flow on is answered");
+    let (code, text) = amqp_error(
+        channel
+            .channel_flow(ChannelFlowOptions { active: false })
+            .await,
+    );
+    assert_eq!(code, 540);
+    assert_eq!(text, "NOT_IMPLEMENTED - active=false");
+    assert!(!connection.status().connected(), "540 closes the connection");
     server.stop().await;
 }
 

@@ -304,17 +304,19 @@ impl Channel {
         method: channel::AMQPMethod,
     ) -> AmqpResult<()> {
         match method {
-            channel::AMQPMethod::Flow(flow) => {
-                self.deliveries.set_flow(flow.active);
+            // As RabbitMQ 3.x: a client may not stop the server's
+            // deliveries this way (prefetch does it), and amqp091-go's own
+            // tests expect this refusal.
+            channel::AMQPMethod::Flow(flow) if !flow.active => {
+                Err(AmqpError::not_implemented("active=false"))
+            }
+            channel::AMQPMethod::Flow(_) => {
                 self.reply(
                     context,
                     AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
-                        active: flow.active,
+                        active: true,
                     })),
                 );
-                if flow.active {
-                    self.dispatch_consumer_queues();
-                }
                 Ok(())
             }
             channel::AMQPMethod::Open(_) => {
