@@ -47,6 +47,9 @@ struct DeliveryState {
     /// Consumers the queue cancelled (queue deleted); the channel forgets
     /// their tags when it next handles a method.
     cancelled_by_queue: Vec<Arc<str>>,
+    /// While the channel's own queue.delete is under way: the cancels its
+    /// consumers get, written only after delete-ok, in RabbitMQ's order.
+    held_cancels: Option<Vec<Arc<str>>>,
 }
 
 pub struct ChannelDeliveries {
@@ -85,6 +88,7 @@ impl ChannelDeliveries {
                 refused_for_channel_prefetch: false,
                 closed: false,
                 cancelled_by_queue: Vec::new(),
+                held_cancels: None,
             }),
         }
     }
@@ -115,6 +119,37 @@ impl ChannelDeliveries {
 
     pub fn set_channel_prefetch(&self, prefetch_count: u32) {
         self.lock().channel_prefetch = prefetch_count;
+    }
+
+    /// The channel deletes a queue: basic.cancel for its consumers waits for
+    /// [`Self::release_cancels`], after delete-ok.
+    pub fn hold_cancels(&self) {
+        self.lock().held_cancels.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the basic.cancels held since [`Self::hold_cancels`].
+    pub fn release_cancels(&self) {
+        let held = self.lock().held_cancels.take().unwrap_or_default();
+        for tag in held {
+            self.write_cancel(&tag);
+        }
+    }
+
+    /// basic.cancel from the server, for a client that takes them.
+    fn write_cancel(&self, tag: &str) {
+        if !self.cancel_notify {
+            return;
+        }
+        let cancel = amq_protocol::protocol::AMQPClass::Basic(
+            amq_protocol::protocol::basic::AMQPMethod::Cancel(
+                amq_protocol::protocol::basic::Cancel {
+                    consumer_tag: tag.into(),
+                    nowait: true,
+                },
+            ),
+        );
+        self.outbox
+            .append(|out| sluice_wire::encode::encode_control(out, self.channel_id, &cancel));
     }
 
     pub fn take_cancelled_by_queue(&self) -> Vec<Arc<str>> {
@@ -365,20 +400,12 @@ impl DeliverySink for ChannelDeliveries {
             return;
         }
         state.cancelled_by_queue.push(Arc::clone(&consumer.tag));
-        drop(state);
-        if !self.cancel_notify {
+        if let Some(held) = &mut state.held_cancels {
+            held.push(Arc::clone(&consumer.tag));
             return;
         }
-        let cancel = amq_protocol::protocol::AMQPClass::Basic(
-            amq_protocol::protocol::basic::AMQPMethod::Cancel(
-                amq_protocol::protocol::basic::Cancel {
-                    consumer_tag: consumer.tag.as_ref().into(),
-                    nowait: true,
-                },
-            ),
-        );
-        self.outbox
-            .append(|out| sluice_wire::encode::encode_control(out, self.channel_id, &cancel));
+        drop(state);
+        self.write_cancel(&consumer.tag);
     }
 }
 

@@ -645,7 +645,10 @@ async fn consumers_channel_flow_off_is_refused_as_rabbitmq_does() {
     );
     assert_eq!(code, 540);
     assert_eq!(text, "NOT_IMPLEMENTED - active=false");
-    assert!(!connection.status().connected(), "540 closes the connection");
+    assert!(
+        !connection.status().connected(),
+        "540 closes the connection"
+    );
     server.stop().await;
 }
 
@@ -941,5 +944,65 @@ async fn consumers_consume_ok_comes_before_any_delivery_under_concurrent_publish
     // Kept open until the connection closes.
     let _channel = publisher.await.unwrap();
     connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
+/// Deleting a queue the same channel consumes from: RabbitMQ sends
+/// delete-ok, then basic.cancel for the consumer; py-amqp (under kombu and
+/// Celery) fails on the other order.
+#[tokio::test]
+async fn consumers_queue_delete_answers_delete_ok_before_the_consumer_cancel() {
+    use sluice_wire::amq_protocol::protocol::{basic, queue, AMQPClass};
+    use sluice_wire::amq_protocol::types::FieldTable as WireTable;
+    use sluice_wire::method::Method;
+    use support::raw::RawClient;
+    let server = TestServer::start().await;
+    let mut client = RawClient::open(server.address).await;
+    client.open_channel(1).await;
+    let methods = [
+        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+            queue: "doomed".into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: false,
+            nowait: false,
+            arguments: WireTable::default(),
+        })),
+        AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+            queue: "doomed".into(),
+            consumer_tag: "watcher".into(),
+            no_local: false,
+            no_ack: true,
+            exclusive: false,
+            nowait: false,
+            arguments: WireTable::default(),
+        })),
+        AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+            queue: "doomed".into(),
+            if_unused: false,
+            if_empty: false,
+            nowait: false,
+        })),
+    ];
+    for method in methods {
+        client.send_method(1, method).await;
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let (_, method) = client.read_method().await;
+        let name = match method {
+            Method::Control(AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))) => "declare-ok",
+            Method::Control(AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))) => "consume-ok",
+            Method::Control(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(_))) => "delete-ok",
+            Method::Control(AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel))) => {
+                assert_eq!(cancel.consumer_tag.as_str(), "watcher");
+                "cancel"
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        seen.push(name);
+    }
+    assert_eq!(seen, ["declare-ok", "consume-ok", "delete-ok", "cancel"]);
     server.stop().await;
 }

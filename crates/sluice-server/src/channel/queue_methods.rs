@@ -208,11 +208,19 @@ impl Channel {
             name: name.to_string(),
             declared_at: Some(queue.options().declared_at),
         };
+        // RabbitMQ's order: delete-ok, then basic.cancel for this channel's
+        // consumers of the queue (py-amqp, under kombu and Celery, expects
+        // it).
+        self.deliveries.hold_cancels();
         self.propose(context, command, move |channel, context, applied| {
-            applied?;
+            if let Err(error) = applied {
+                channel.deliveries.release_cancels();
+                return Err(error);
+            }
             // Its consumers were cancelled as the deletion was applied.
             channel.prune_cancelled_consumers();
             reply(channel, context, message_count);
+            channel.deliveries.release_cancels();
             Ok(())
         });
         Ok(())
