@@ -323,9 +323,11 @@ impl Config {
     /// The `tracing` filter directive for [`Config::log_level`]: RabbitMQ's eight levels
     /// folded onto tracing's five, and `none` to `off`.
     pub fn log_filter(&self) -> &'static str {
+        // openraft narrates every vote and timer at info: Sluice says what
+        // an operator needs (links, leaders lost, changes failing) itself.
         match self.log_level.as_str() {
             "debug" => "debug",
-            "info" | "notice" => "info",
+            "info" | "notice" => "info,openraft=warn",
             "warning" => "warn",
             "none" => "off",
             _ => "error",

@@ -268,8 +268,8 @@ fn handshake_timeout() {
 fn log_level() {
     for (level, filter) in [
         ("debug", "debug"),
-        ("info", "info"),
-        ("notice", "info"),
+        ("info", "info,openraft=warn"),
+        ("notice", "info,openraft=warn"),
         ("warning", "warn"),
         ("error", "error"),
         ("critical", "error"),
