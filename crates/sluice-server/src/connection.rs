@@ -211,6 +211,12 @@ async fn negotiate(
             tracing::info!(%peer, "shutting down: connection dropped during its handshake");
             return None;
         }
+        // A deadline for the whole handshake, as RabbitMQ's: a client that
+        // dribbles it a byte at a time would pass every per-read timeout.
+        () = tokio::time::sleep(settings.handshake_timeout) => {
+            tracing::info!(%peer, timeout_ms = settings.handshake_timeout.as_millis() as u64, "handshake not done within handshake_timeout: connection dropped");
+            return None;
+        }
     };
     match handshake_result {
         Ok(negotiated) => Some(negotiated),

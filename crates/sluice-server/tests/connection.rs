@@ -569,3 +569,28 @@ async fn connection_frames_after_server_channel_close_are_ignored_until_close_ok
     drop(client);
     server.stop().await;
 }
+
+/// `handshake_timeout` bounds the whole handshake: a client that sends its
+/// protocol header a byte at a time, each within the timeout, is still
+/// dropped once the timeout has passed since it connected.
+#[tokio::test]
+async fn connection_handshake_timeout_is_a_deadline_not_an_idle_timer() {
+    let server = TestServer::start_with(|config| config.handshake_timeout_ms = 600).await;
+    let mut client = RawClient::connect(server.address).await;
+    let began = Instant::now();
+    let mut dropped_after = None;
+    // A byte every 250 ms: each read comes well within the timeout.
+    for byte in PROTOCOL_HEADER {
+        client.send_lenient(&[byte]).await;
+        if client.closed_within(Duration::from_millis(250)).await {
+            dropped_after = Some(began.elapsed());
+            break;
+        }
+    }
+    let dropped_after = dropped_after.expect("dropped while still dribbling its header");
+    assert!(
+        dropped_after < Duration::from_millis(1500),
+        "dropped only after {dropped_after:?}"
+    );
+    server.stop().await;
+}
