@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amq_protocol::protocol::{channel, connection, AMQPClass};
+use futures_util::FutureExt;
 use sluice_core::broker::Broker;
 use sluice_core::error::AmqpError;
 use sluice_core::queue::{same_queue, Queue};
@@ -163,12 +165,34 @@ pub async fn serve(
         publish_credit: settings.publish_credit,
         registration,
     };
-    connection.run(&mut reader, &mut shutdown).await;
+    let ran = AssertUnwindSafe(connection.run(&mut reader, &mut shutdown))
+        .catch_unwind()
+        .await;
+    if let Err(panic) = ran {
+        // A bug, not the client's doing: this connection closes with 541
+        // and gives back what it held (below); the others carry on.
+        tracing::error!(%peer, connection_id, panic = panic_text(&*panic), "a connection's handling panicked; closing it");
+        connection.closing = false;
+        connection.start_close(
+            &AmqpError::new(ReplyCode::InternalError, "internal error"),
+            0,
+            0,
+        );
+    }
     connection.release();
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
     linger_until_client_closes(&mut reader, &mut shutdown).await;
     tracing::info!(%peer, connection_id, "connection closed");
+}
+
+/// What a panic said, for the log.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// Starts the connection's writer task. When it has drained a buffer that

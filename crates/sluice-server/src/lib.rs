@@ -33,6 +33,8 @@ pub mod limits;
 pub mod metadata_log;
 pub mod node_monitor;
 pub mod outbox;
+#[cfg(test)]
+mod panic_failpoint;
 pub mod resource_limit;
 pub mod server;
 pub mod settings;

@@ -73,6 +73,8 @@ impl Channel {
         context: &ConnectionContext,
         declare: queue::Declare,
     ) -> AmqpResult<()> {
+        #[cfg(test)]
+        crate::panic_failpoint::check(declare.queue.as_str());
         let declaration = QueueDeclaration {
             name: declare.queue.as_str(),
             passive: declare.passive,

@@ -1,0 +1,127 @@
+//! In this crate's own tests only: a queue.declare of [`PANIC_QUEUE`]
+//! panics in the connection's task, to show that a bug there closes that
+//! connection with 541 and gives back what it held, and nothing else.
+
+/// The queue name that panics.
+pub const PANIC_QUEUE: &str = "sluice.test.panic";
+
+pub fn check(queue: &str) {
+    if queue == PANIC_QUEUE {
+        panic!("the test failpoint was declared");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_lite::StreamExt;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    use super::PANIC_QUEUE;
+    use crate::config::Config;
+
+    async fn connect(address: std::net::SocketAddr) -> Connection {
+        Connection::connect(
+            &format!("amqp://guest:guest@{address}/%2f"),
+            ConnectionProperties::default(),
+        )
+        .await
+        .expect("connects")
+    }
+
+    #[tokio::test]
+    async fn panic_in_a_connection_closes_it_with_541_and_requeues_what_it_held() {
+        let data_dir = std::env::temp_dir().join(format!("sluice-panic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let server = crate::start(Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.clone(),
+            ..Config::default()
+        })
+        .await
+        .expect("server starts");
+        let address = server.local_address;
+
+        let doomed = connect(address).await;
+        let channel = doomed.create_channel().await.unwrap();
+        channel
+            .queue_declare(
+                "held".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            channel
+                .basic_publish(
+                    "".into(),
+                    "held".into(),
+                    BasicPublishOptions::default(),
+                    b"m",
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let mut consumer = channel
+            .basic_consume(
+                "held".into(),
+                "holder".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            consumer
+                .next()
+                .await
+                .expect("a delivery")
+                .expect("delivered");
+        }
+        let other = doomed.create_channel().await.unwrap();
+        let error = other
+            .queue_declare(
+                PANIC_QUEUE.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect_err("the panic closes the connection");
+        let text = error.to_string();
+        assert!(text.contains("INTERNAL_ERROR"), "{text}");
+
+        // Its consumer is gone and its unacked messages are back.
+        let witness = connect(address).await;
+        let channel = witness.create_channel().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let queue = channel
+                .queue_declare(
+                    "held".into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            if queue.message_count() == 3 && queue.consumer_count() == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still held: {queue:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        witness.close(200, "bye".into()).await.unwrap();
+        server.stop().await;
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+}
