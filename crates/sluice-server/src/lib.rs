@@ -2,6 +2,7 @@
 //!
 //! - [`alarm`]: memory and disk alarms that block publishers, and their monitor.
 //! - [`resource_limit`]: the alarm thresholds, relative or absolute.
+//! - [`cluster_alarms`]: an alarm on any node of the cluster blocks publishers on all.
 //! - [`config`]: the rabbitmq.conf-style configuration file and its defaults.
 //! - [`cluster_config`]: `node_name` and `cluster_formation.*`: the node's cluster.
 //! - [`server`]: the TCP listener and shutdown.
@@ -19,6 +20,7 @@
 
 pub mod alarm;
 pub mod channel;
+pub mod cluster_alarms;
 pub mod cluster_config;
 pub mod config;
 pub mod connection;

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::alarm::AlarmMonitor;
+use crate::cluster_alarms;
 use crate::cluster_config::Membership;
 use crate::config::Config;
 use crate::connection;
@@ -203,8 +204,12 @@ pub async fn start_with_cluster_listener(
             return Err(error);
         }
     };
-    let alarms = alarm_monitor.subscribe();
-    let connections = ConnectionRegistry::new(alarm_monitor.subscribe());
+    // An alarm on any node of the cluster blocks publishers here too.
+    let alarms = match &links {
+        Some(links) => cluster_alarms::start(Arc::clone(links), alarm_monitor.subscribe()),
+        None => alarm_monitor.subscribe(),
+    };
+    let connections = ConnectionRegistry::new(alarms.clone());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
