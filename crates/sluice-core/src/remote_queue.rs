@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use crate::counters::MessageCounts;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
+use crate::metadata::MetadataProposer;
 use crate::queue::{
     Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueOptions, QueueStats,
 };
@@ -19,11 +20,12 @@ use crate::queue_type::QueueType;
 use sluice_wire::reply_code::ReplyCode;
 
 /// Why this node cannot serve the queue's messages.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum Unreachable {
     /// Homed on another node: operations on its messages are not yet
-    /// forwarded there.
-    OtherNode,
+    /// forwarded there. The cluster's view of that node says whether it is
+    /// up.
+    OtherNode(Arc<MetadataProposer>),
     /// Homed here, but its journal could not be opened: the reason.
     LocalStorage(String),
 }
@@ -67,7 +69,17 @@ impl RemoteQueue {
     /// The error an operation on this queue's messages gets.
     fn refusal(&self) -> AmqpError {
         match &self.unreachable {
-            Unreachable::OtherNode => AmqpError::not_implemented(format!(
+            // RabbitMQ's words for a classic queue whose node is gone.
+            Unreachable::OtherNode(cluster) if !cluster.is_node_up(&self.home) => {
+                AmqpError::not_found(format!(
+                    "home node '{}' of {} queue '{}' in vhost '{}' is down or inaccessible",
+                    self.home,
+                    if self.options.durable { "durable" } else { "non-durable" },
+                    self.name,
+                    self.vhost
+                ))
+            }
+            Unreachable::OtherNode(_) => AmqpError::not_implemented(format!(
                 "queue '{}' in vhost '{}' is on node '{}': using a queue of another node is not supported yet",
                 self.name, self.vhost, self.home
             )),

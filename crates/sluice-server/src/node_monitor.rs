@@ -9,15 +9,35 @@ use std::time::Duration;
 
 use sluice_cluster::consensus::RaftGroup;
 use sluice_cluster::link::{Links, PeerState};
+use sluice_cluster::node_name::NodeName;
 use sluice_core::broker::Broker;
-use sluice_core::metadata::MetadataCommand;
+use sluice_core::metadata::{MetadataCommand, NodeLiveness};
 
 /// How often the monitor looks whether this node became the leader.
 const LEADERSHIP_POLL: Duration = Duration::from_millis(500);
 
+/// Which nodes are up, as this node's links see them.
+struct LinkLiveness(std::sync::Weak<Links>);
+
+impl NodeLiveness for LinkLiveness {
+    fn is_up(&self, node: &str) -> bool {
+        let Some(links) = self.0.upgrade() else {
+            return false;
+        };
+        let Ok(node) = node.parse::<NodeName>() else {
+            return false;
+        };
+        *links.node() == node || matches!(links.peer_state(&node), Some(PeerState::Up))
+    }
+}
+
 /// Starts watching: a task per peer and one for leadership, all ending
-/// once the links shut down.
+/// once the links shut down. The broker learns from the links which nodes
+/// are up.
 pub fn start(links: &Arc<Links>, broker: &Arc<Broker>, metadata: &Arc<RaftGroup>) {
+    broker
+        .metadata
+        .install_liveness(Arc::new(LinkLiveness(Arc::downgrade(links))));
     for peer in links.peers() {
         let Some(mut state) = links.watch_peer(peer) else {
             continue;

@@ -235,9 +235,30 @@ async fn cluster_metadata_a_dead_node_takes_its_non_durable_queues_with_it() {
         assert!(Instant::now() < deadline, "the dead node's queue stayed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        queue_exists(&first, "lives-on").await,
-        "a durable queue waits for its node"
+    // The durable one waits for its node; meanwhile it is answered for as
+    // RabbitMQ answers for a queue whose node is gone.
+    let channel = first.create_channel().await.expect("channel opens");
+    let error = channel
+        .queue_declare(
+            "lives-on".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect_err("its node is down");
+    let text = error.to_string();
+    let expected = format!(
+        "NOT_FOUND - home node '{}' of durable queue 'lives-on' in vhost '/' is down or inaccessible",
+        nodes[2].name
     );
+    assert!(text.contains(&expected), "{text}");
+    nodes[2].start();
+    let (back, _) = channel_on(&nodes[2]).await;
+    assert!(queue_exists(&back, "lives-on").await, "back with its node");
+    assert!(!queue_exists(&back, "goes-with-its-node").await);
+    back.close(200, "bye".into()).await.ok();
     first.close(200, "bye".into()).await.ok();
 }

@@ -61,11 +61,19 @@ impl NodeIdentity {
     }
 }
 
-/// The node's way into the metadata log, installed once the log is up.
+/// Whether the other nodes of the cluster are reachable, as the links see
+/// them.
+pub trait NodeLiveness: Send + Sync {
+    fn is_up(&self, node: &str) -> bool;
+}
+
+/// The node's way into the metadata log, installed once the log is up, and
+/// its view of which other nodes are up.
 #[derive(Default)]
 pub struct MetadataProposer {
     log: OnceLock<Arc<dyn MetadataLog>>,
     runtime: OnceLock<tokio::runtime::Handle>,
+    liveness: OnceLock<Arc<dyn NodeLiveness>>,
 }
 
 impl MetadataProposer {
@@ -74,6 +82,19 @@ impl MetadataProposer {
     pub fn install(&self, log: Arc<dyn MetadataLog>, runtime: tokio::runtime::Handle) {
         let _ = self.log.set(log);
         let _ = self.runtime.set(runtime);
+    }
+
+    /// Installs the view of the other nodes (a cluster of one has none).
+    pub fn install_liveness(&self, liveness: Arc<dyn NodeLiveness>) {
+        let _ = self.liveness.set(liveness);
+    }
+
+    /// Whether `node` is reachable; a node of a cluster of one knows no
+    /// other and takes them for up.
+    pub fn is_node_up(&self, node: &str) -> bool {
+        self.liveness
+            .get()
+            .is_none_or(|liveness| liveness.is_up(node))
     }
 
     pub fn is_installed(&self) -> bool {

@@ -138,7 +138,7 @@ impl VirtualHost {
             options,
             home,
             definition.store_id.clone(),
-            Unreachable::OtherNode,
+            Unreachable::OtherNode(Arc::clone(&self.metadata)),
         ))
     }
 

@@ -9,6 +9,7 @@ use sluice_core::metadata::{BindingChange, MetadataCommand};
 use sluice_core::queue::Queue;
 use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::vhost::QueueDeclaration;
+use sluice_wire::reply_code::ReplyCode;
 
 use super::Channel;
 use crate::connection_context::ConnectionContext;
@@ -89,6 +90,12 @@ impl Channel {
             .vhost
             .check_queue_declaration(&declaration, connection_id)?
         {
+            // A queue whose home node is down: RabbitMQ's 404.
+            if let Some(error) = queue.unavailable() {
+                if error.code == ReplyCode::NotFound {
+                    return Err(error);
+                }
+            }
             self.declared(context, &queue, nowait);
             return Ok(());
         }
