@@ -30,3 +30,146 @@ impl Broker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use amq_protocol::types::FieldTable;
+
+    use crate::broker::{Broker, BrokerSettings};
+    use crate::definitions::QueueDefinition;
+    use crate::metadata::{BindingChange, MetadataCommand, MetadataReply, NodeIdentity};
+
+    fn node(name: &str) -> Broker {
+        Broker::new(&BrokerSettings {
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
+            default_vhost: "/".into(),
+            loopback_users: Vec::new(),
+            policies: Vec::new(),
+            node: NodeIdentity::new(name),
+            node_number: 0,
+        })
+    }
+
+    fn queue(name: &str, home: &str, durable: bool) -> MetadataCommand {
+        MetadataCommand::DeclareQueue {
+            vhost: "/".into(),
+            queue: QueueDefinition {
+                name: name.into(),
+                store_id: None,
+                durable,
+                auto_delete: false,
+                arguments: FieldTable::default(),
+                exclusive_owner: None,
+                home: Some(home.into()),
+                home_incarnation: 7,
+                declared_at: 0,
+            },
+            connection: 0,
+        }
+    }
+
+    fn bind(source: &str, queue: &str, key: &str) -> MetadataCommand {
+        MetadataCommand::Bind(BindingChange {
+            vhost: "/".into(),
+            source: source.into(),
+            destination: queue.into(),
+            destination_is_queue: true,
+            routing_key: key.into(),
+            arguments: FieldTable::default(),
+            connection: 0,
+        })
+    }
+
+    /// What a sequence of changes, some of them refused, does to any node.
+    fn history() -> Vec<MetadataCommand> {
+        vec![
+            MetadataCommand::DeclareExchange {
+                vhost: "/".into(),
+                name: "orders".into(),
+                kind: "topic".into(),
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                arguments: FieldTable::default(),
+            },
+            queue("eu", "a@h:1", true),
+            queue("us", "b@h:2", false),
+            queue("eu", "a@h:1", false),
+            bind("orders", "eu", "eu.#"),
+            bind("orders", "us", "us.#"),
+            bind("missing", "us", "x"),
+            MetadataCommand::DeleteQueue {
+                vhost: "/".into(),
+                name: "us".into(),
+                declared_at: None,
+            },
+            queue("us", "a@h:1", true),
+            MetadataCommand::NodeDown {
+                node: "b@h:2".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn metadata_nodes_applying_the_same_log_agree_on_state_and_replies() {
+        let (first, second) = (node("a@h:1"), node("b@h:2"));
+        for (index, command) in history().into_iter().enumerate() {
+            let index = index as u64 + 1;
+            let one = first.apply_metadata(index, command.clone());
+            let other = second.apply_metadata(index, command);
+            assert_eq!(one, other, "entry {index}");
+        }
+        let snapshot = first.metadata_snapshot();
+        assert_eq!(snapshot, second.metadata_snapshot());
+        let vhost = &snapshot.vhosts["/"];
+        let names: Vec<&str> = vhost
+            .queues
+            .iter()
+            .map(|queue| queue.name.as_str())
+            .collect();
+        assert_eq!(names, ["eu", "us"]);
+        assert_eq!(
+            vhost.queues[1].declared_at, 9,
+            "the second 'us' is a new queue"
+        );
+        assert_eq!(
+            vhost.bindings.len(),
+            1,
+            "the deleted queue's binding went with it"
+        );
+    }
+
+    #[test]
+    fn metadata_refused_changes_are_refused_alike_with_rabbitmq_text() {
+        let broker = node("a@h:1");
+        let history = history();
+        broker.apply_metadata(1, history[1].clone());
+        let reply = broker.apply_metadata(2, history[3].clone());
+        let MetadataReply::Refused { code, text } = reply else {
+            panic!("an inequivalent redeclaration is refused");
+        };
+        assert_eq!(code, 406);
+        assert!(
+            text.contains("inequivalent arg 'durable' for queue 'eu'"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn metadata_a_node_restored_from_a_snapshot_matches_the_one_that_wrote_it() {
+        let written = node("a@h:1");
+        for (index, command) in history().into_iter().enumerate() {
+            written.apply_metadata(index as u64 + 1, command);
+        }
+        let snapshot = written.metadata_snapshot();
+        // A node that saw something else entirely is brought to it too.
+        let lagging = node("b@h:2");
+        lagging.apply_metadata(1, queue("stale", "b@h:2", true));
+        lagging.restore_metadata(&snapshot);
+        assert_eq!(lagging.metadata_snapshot(), snapshot);
+        let fresh = node("c@h:3");
+        fresh.restore_metadata(&snapshot);
+        assert_eq!(fresh.metadata_snapshot(), snapshot);
+    }
+}

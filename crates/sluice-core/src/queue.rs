@@ -175,8 +175,9 @@ pub trait Queue: Send + Sync {
     /// The flags and the arguments it was declared with.
     fn options(&self) -> &QueueOptions;
 
-    /// Where a durable queue's messages live on this node, saved with the
-    /// definitions; None for a queue that does not outlive the node.
+    /// The name the metadata gave a durable queue's journal directory (on
+    /// its home node, where its messages live); None for a queue that does
+    /// not outlive its node.
     fn store_id(&self) -> Option<&str>;
 
     /// The node the queue lives on, when not this one.

@@ -72,7 +72,9 @@ fn create_classic(spec: QueueSpec<'_>) -> Result<Arc<ClassicQueue>, QueueCreateE
             )?;
             (Some(store_id), Some(recovered))
         }
-        None => (None, None),
+        // No journal here (a node without storage): the name the metadata
+        // gave it stays, so that every node describes the queue alike.
+        None => (spec.store_id, None),
     };
     let effective = spec.effective_arguments;
     Ok(ClassicQueue::create(ClassicQueueSpec {

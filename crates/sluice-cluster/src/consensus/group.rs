@@ -206,6 +206,18 @@ pub struct RaftGroup {
 }
 
 impl RaftGroup {
+    /// Where the leader this node knows of is.
+    fn current_leader(&self) -> Leader<'_> {
+        match self.raft.metrics().borrow_watched().current_leader {
+            Some(leader) if leader == self.local_id => Leader::Here,
+            Some(leader) => self
+                .members
+                .get(&leader)
+                .map_or(Leader::Unknown, Leader::Peer),
+            None => Leader::Unknown,
+        }
+    }
+
     /// The leader this node knows of.
     pub fn leader(&self) -> Option<NodeName> {
         let leader = self.raft.metrics().borrow_watched().current_leader?;
@@ -254,14 +266,10 @@ impl RaftGroup {
             if left.is_zero() {
                 return Err(ProposeError::Timeout(timeout));
             }
-            let leader = self.raft.metrics().borrow_watched().current_leader;
-            let attempt = match leader {
-                Some(leader) if leader == self.local_id => self.write_here(&command, left).await,
-                Some(leader) => match self.members.get(&leader) {
-                    Some(peer) => self.write_on(peer, &command, left).await,
-                    None => Attempt::Retry,
-                },
-                None => Attempt::Retry,
+            let attempt = match self.current_leader() {
+                Leader::Here => self.write_here(&command, left).await,
+                Leader::Peer(peer) => self.write_on(peer, &command, left).await,
+                Leader::Unknown => Attempt::Retry,
             };
             match attempt {
                 Attempt::Done(reply) => return Ok(reply),
@@ -327,23 +335,19 @@ impl RaftGroup {
             if left.is_zero() {
                 return Err(ProposeError::Timeout(timeout));
             }
-            let leader = self.raft.metrics().borrow_watched().current_leader;
-            let index = match leader {
-                Some(leader) if leader == self.local_id => read_index(&self.raft, left).await.ok(),
-                Some(leader) => match self.members.get(&leader) {
-                    Some(peer) => {
-                        match self
-                            .transport
-                            .request(peer, self.group, Request::ReadIndex, left)
-                            .await
-                        {
-                            Ok(Response::ReadIndex(Ok(index))) => Some(index),
-                            _ => None,
-                        }
+            let index = match self.current_leader() {
+                Leader::Here => read_index(&self.raft, left).await.ok(),
+                Leader::Peer(peer) => {
+                    match self
+                        .transport
+                        .request(peer, self.group, Request::ReadIndex, left)
+                        .await
+                    {
+                        Ok(Response::ReadIndex(Ok(index))) => Some(index),
+                        _ => None,
                     }
-                    None => None,
-                },
-                None => None,
+                }
+                Leader::Unknown => None,
             };
             match index {
                 Some(index) => {
@@ -380,6 +384,12 @@ impl RaftGroup {
             tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
         }
     }
+}
+
+enum Leader<'a> {
+    Here,
+    Peer(&'a NodeName),
+    Unknown,
 }
 
 enum Attempt {

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{read, server_generated_name, ExchangeSpec, QueueDeclaration, VirtualHost};
+use super::{read, server_generated_name, Exchange, ExchangeSpec, QueueDeclaration, VirtualHost};
 use crate::arguments::{check_exchange_name_argument, check_queue_arguments};
 use crate::definitions::{
     BindingDefinition, ExchangeDefinition, QueueDefinition, VhostDefinitions,
@@ -320,38 +320,46 @@ impl VirtualHost {
     }
 
     fn restore_exchanges(&self, wanted: &[ExchangeDefinition]) {
-        let mut exchanges = self.exchanges_mut();
         let wanted_names: HashSet<&str> = wanted
             .iter()
             .map(|exchange| exchange.name.as_str())
             .collect();
+        let mut exchanges = self.exchanges_mut();
         exchanges.retain(|name, _| is_standard_exchange(name) || wanted_names.contains(&**name));
         for definition in wanted {
-            let Some(kind) = ExchangeKind::parse(&definition.kind) else {
-                tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+            let Some(exchange) = self.exchange_of(definition) else {
                 continue;
             };
             let same = exchanges
                 .get(definition.name.as_str())
                 .is_some_and(|existing| {
-                    existing.kind == kind
-                        && existing.durable == definition.durable
-                        && existing.auto_delete == definition.auto_delete
-                        && existing.internal == definition.internal
-                        && existing.arguments == definition.arguments
+                    existing.kind == exchange.kind
+                        && existing.durable == exchange.durable
+                        && existing.auto_delete == exchange.auto_delete
+                        && existing.internal == exchange.internal
+                        && existing.arguments == exchange.arguments
                 });
             if !same {
-                let exchange = self.new_exchange(ExchangeSpec {
-                    name: &definition.name,
-                    kind,
-                    durable: definition.durable,
-                    auto_delete: definition.auto_delete,
-                    internal: definition.internal,
-                    arguments: definition.arguments.clone(),
-                });
                 exchanges.insert(Arc::clone(&exchange.name), Arc::new(exchange));
             }
         }
+    }
+
+    /// The exchange a definition describes; None (logged) for a kind this
+    /// node does not know.
+    fn exchange_of(&self, definition: &ExchangeDefinition) -> Option<Exchange> {
+        let Some(kind) = ExchangeKind::parse(&definition.kind) else {
+            tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
+            return None;
+        };
+        Some(self.new_exchange(ExchangeSpec {
+            name: &definition.name,
+            kind,
+            durable: definition.durable,
+            auto_delete: definition.auto_delete,
+            internal: definition.internal,
+            arguments: definition.arguments.clone(),
+        }))
     }
 
     fn restore_bindings(&self, wanted: &[BindingDefinition]) {
@@ -425,20 +433,10 @@ impl VirtualHost {
     }
 
     fn restore_exchange(&self, definition: &ExchangeDefinition) {
-        let Some(kind) = ExchangeKind::parse(&definition.kind) else {
-            tracing::error!(exchange = %definition.name, kind = %definition.kind, "skipping an exchange of unknown type");
-            return;
-        };
-        let exchange = self.new_exchange(ExchangeSpec {
-            name: &definition.name,
-            kind,
-            durable: definition.durable,
-            auto_delete: definition.auto_delete,
-            internal: definition.internal,
-            arguments: definition.arguments.clone(),
-        });
-        self.exchanges_mut()
-            .insert(Arc::clone(&exchange.name), Arc::new(exchange));
+        if let Some(exchange) = self.exchange_of(definition) {
+            self.exchanges_mut()
+                .insert(Arc::clone(&exchange.name), Arc::new(exchange));
+        }
     }
 }
 
