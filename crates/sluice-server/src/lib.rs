@@ -16,6 +16,7 @@
 //! - [`outbox`]: a connection's output buffer and its writer task.
 //! - [`frame_reader`]: frames off the socket.
 //! - [`data_dir_lock`]: one server per data directory.
+//! - [`fd_limit`]: the file-descriptor limit, raised, and the connections it allows.
 //! - [`limits`]: every bound on a buffer or queue, in one place.
 
 pub mod alarm;
@@ -28,6 +29,7 @@ pub mod connection_context;
 pub mod connection_registry;
 pub mod data_dir_lock;
 pub mod delivery;
+pub mod fd_limit;
 pub mod frame_reader;
 pub mod handshake;
 pub mod in_flight;

@@ -515,9 +515,16 @@ async fn accept_loop(
     throttle: connection::ResourceThrottle,
 ) {
     let mut connections = JoinSet::new();
+    let mut refusals = RefusalLog::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) if connections.len() >= settings.connection_max => {
+                    // Closed at once: the client sees its connection end
+                    // rather than wait on a socket nobody reads.
+                    drop(stream);
+                    refusals.note(peer, settings.connection_max);
+                }
                 Ok((stream, peer)) => {
                     connections.spawn(connection::serve(
                         stream,
@@ -545,6 +552,28 @@ async fn accept_loop(
     })
     .await;
     connections.abort_all();
+}
+
+/// Connections closed at `connection_max`, logged at most once a second
+/// so that a flood of them does not flood the log too.
+#[derive(Default)]
+struct RefusalLog {
+    last_logged: Option<std::time::Instant>,
+    since_logged: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, peer: SocketAddr, connection_max: usize) {
+        self.since_logged += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
+        if due {
+            tracing::warn!(%peer, connection_max, refused = self.since_logged, "connection refused: the node has connection_max connections open");
+            self.last_logged = Some(std::time::Instant::now());
+            self.since_logged = 0;
+        }
+    }
 }
 
 /// Runs the broker until `shutdown` resolves.

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::fd_limit;
 
 #[derive(Clone, Debug)]
 pub struct ServerSettings {
@@ -15,6 +16,9 @@ pub struct ServerSettings {
     pub cluster_name: String,
     /// Disable Nagle's algorithm on each accepted connection (`tcp_listen_options.nodelay`).
     pub nodelay: bool,
+    /// Connections accepted at once: `connection_max`, held to what the
+    /// file descriptors allow.
+    pub connection_max: usize,
 }
 
 impl ServerSettings {
@@ -28,7 +32,39 @@ impl ServerSettings {
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             cluster_name: format!("sluice@{}", hostname()),
             nodelay: config.tcp_listen_options.nodelay,
+            connection_max: connection_max(config),
         }
+    }
+}
+
+/// `connection_max`, and no more than the file descriptors leave room for
+/// (the soft limit raised to the hard one first).
+fn connection_max(config: &Config) -> usize {
+    let budget = match fd_limit::raise_open_files_limit() {
+        Ok((limit, before)) => {
+            let budget = fd_limit::connection_budget(limit);
+            tracing::info!(
+                limit,
+                before,
+                connections = budget,
+                "file descriptors: the soft limit raised to the hard one"
+            );
+            budget
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the limit on open files; connections are bounded by connection_max only");
+            usize::MAX
+        }
+    };
+    match config.connection_max {
+        Some(max) if max < budget => max,
+        Some(max) => {
+            if max > budget {
+                tracing::warn!(connection_max = max, connections = budget, "connection_max is more than the file descriptors allow; holding connections to what they allow");
+            }
+            budget
+        }
+        None => budget,
     }
 }
 

@@ -594,3 +594,30 @@ async fn connection_handshake_timeout_is_a_deadline_not_an_idle_timer() {
     );
     server.stop().await;
 }
+
+/// `connection_max`: past it a new connection is closed at once, and once
+/// one closes there is room again.
+#[tokio::test]
+async fn connection_max_closes_connections_past_the_limit() {
+    let server = TestServer::start_with(|config| config.connection_max = Some(2)).await;
+    let uri = format!("amqp://guest:guest@{}/%2f", server.address);
+    let connect = || Connection::connect(&uri, ConnectionProperties::default());
+    let first = connect().await.expect("the first connects");
+    let _second = connect().await.expect("the second connects");
+    assert!(connect().await.is_err(), "the third is refused");
+    first.close(200, "bye".into()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match connect().await {
+            Ok(third) => {
+                third.close(200, "bye".into()).await.unwrap();
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("no room after a connection closed: {error}"),
+        }
+    }
+    server.stop().await;
+}

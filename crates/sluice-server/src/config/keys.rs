@@ -111,6 +111,17 @@ fn connection_key(config: &mut Config, key: &str, value: &str) -> Applied {
             .filter(|ms| *ms > 0)
             .map(|ms| config.handshake_timeout_ms = ms)
             .ok_or_else(|| "expected a positive number of milliseconds".to_owned()),
+        "connection_max" => match value {
+            "infinity" => {
+                config.connection_max = None;
+                Ok(())
+            }
+            number => number
+                .parse()
+                .ok()
+                .map(|count| config.connection_max = Some(count))
+                .ok_or_else(|| "expected a number of connections or `infinity`".to_owned()),
+        },
         _ => return None,
     };
     Some(result)

@@ -79,6 +79,11 @@ pub struct Config {
     /// Time allowed from TCP accept to `connection.open`, in milliseconds
     /// (`handshake_timeout`). Default 10000.
     pub handshake_timeout_ms: u64,
+    /// Connections the node accepts at once (`connection_max`); more are
+    /// closed as they come, with a log line. None is RabbitMQ's `infinity`,
+    /// the default: then the file descriptors the process may open set the
+    /// bound.
+    pub connection_max: Option<usize>,
     /// Log level (`log.console.level`): one of RabbitMQ's levels `debug`, `info`, `notice`,
     /// `warning`, `error`, `critical`, `alert`, `emergency`, `none`. Default `info`.
     pub log_level: String,
@@ -143,6 +148,7 @@ impl Default for Config {
             credit_flow_default_credit: CREDIT_FLOW_DEFAULT_CREDIT,
             delivery_buffer_total_max: DELIVERY_BUFFER_TOTAL_MAX_DEFAULT,
             handshake_timeout_ms: 10_000,
+            connection_max: None,
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: None,
             vm_memory_high_watermark_absolute_bytes: None,

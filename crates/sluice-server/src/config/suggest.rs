@@ -21,6 +21,7 @@ const KNOWN_KEYS: &[&str] = &[
     "credit_flow_default_credit",
     "delivery_buffer_total_max",
     "handshake_timeout",
+    "connection_max",
     "log.console.level",
     "vm_memory_high_watermark.relative",
     "vm_memory_high_watermark.absolute",

@@ -253,6 +253,21 @@ fn max_message_size() {
 }
 
 #[test]
+fn connection_max() {
+    assert_eq!(Config::default().connection_max, None);
+    assert_eq!(
+        parse("connection_max = 500").unwrap().connection_max,
+        Some(500)
+    );
+    assert_eq!(
+        parse("connection_max = infinity").unwrap().connection_max,
+        None
+    );
+    assert!(error("connection_max = lots")
+        .starts_with("line 1: invalid value 'lots' for 'connection_max'"));
+}
+
+#[test]
 fn handshake_timeout() {
     assert_eq!(
         parse("handshake_timeout = 3000")
