@@ -6,6 +6,9 @@
 //! members have it. A message routed to several queues is confirmed when
 //! all of them say so, and refused (nacked) when any refused it.
 
+use std::sync::Arc;
+
+use crate::forwarding::ForwardedConfirm;
 use crate::queue_journal::Durability;
 
 /// One queue's promise about one message, not kept yet.
@@ -13,6 +16,8 @@ use crate::queue_journal::Durability;
 pub enum PendingSafety {
     /// Safe once the journal has synced past it.
     Journal(Durability),
+    /// Safe once the home node of the queues it was forwarded to says so.
+    Forwarded(Arc<ForwardedConfirm>),
 }
 
 impl PendingSafety {
@@ -25,6 +30,7 @@ impl PendingSafety {
                 ConfirmStatus::Confirmed
             }
             PendingSafety::Journal(_) => ConfirmStatus::Pending,
+            PendingSafety::Forwarded(confirm) => confirm.status(),
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::confirm::PendingSafety;
 use crate::counters::MessageCounts;
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
+use crate::forwarding::{ForwardHome, QueueKey};
 use crate::message::{Message, QueuedMessage};
 use crate::queue_type::QueueType;
 
@@ -61,6 +62,9 @@ pub enum PublishOutcome {
     /// The queue is full and its overflow is reject-publish, or it cannot
     /// keep the message safe: publishers with confirms get a nack.
     Rejected,
+    /// The queue's home node is down: the message is not in it, and
+    /// counts as routed nowhere (mandatory returns it), as in RabbitMQ.
+    Unavailable,
 }
 
 /// The outcome of removing a consumer.
@@ -188,6 +192,13 @@ pub trait Queue: Send + Sync {
     /// Why this node cannot serve the queue's messages, when it cannot
     /// (see [`crate::remote_queue`]).
     fn unavailable(&self) -> Option<AmqpError> {
+        None
+    }
+
+    /// For a queue whose messages live on another node reachable now: the
+    /// way there and the queue's name on it. Consuming, basic.get, purging
+    /// and counting such a queue wait for that node's answer, through it.
+    fn forwarded(&self) -> Option<(Arc<dyn ForwardHome>, QueueKey)> {
         None
     }
 

@@ -1,16 +1,19 @@
 //! A queue this node knows from the metadata but does not hold: one homed
 //! on another node of the cluster, or one of its own whose journal could
 //! not be opened. It has a name, options and a home for routing tables,
-//! redeclarations and snapshots; every operation on its messages is
-//! refused with the reason.
+//! redeclarations and snapshots. Operations on the messages of a queue
+//! homed elsewhere are carried to its home node (see
+//! [`crate::forwarding`]) while the link there is up; otherwise, and for a
+//! queue whose storage failed, they are refused with the reason.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Notify;
 
 use crate::counters::MessageCounts;
 use crate::error::{AmqpError, AmqpResult};
+use crate::forwarding::{ForwardHome, QueueKey, Settlement};
 use crate::message::{Message, QueuedMessage};
 use crate::metadata::MetadataProposer;
 use crate::queue::{
@@ -22,9 +25,8 @@ use sluice_wire::reply_code::ReplyCode;
 /// Why this node cannot serve the queue's messages.
 #[derive(Clone)]
 pub enum Unreachable {
-    /// Homed on another node: operations on its messages are not yet
-    /// forwarded there. The cluster's view of that node says whether it is
-    /// up.
+    /// Homed on another node: operations on its messages go there while
+    /// the link is up. The cluster's view of that node says whether it is.
     OtherNode(Arc<MetadataProposer>),
     /// Homed here, but its journal could not be opened: the reason.
     LocalStorage(String),
@@ -38,8 +40,13 @@ pub struct RemoteQueue {
     home: Arc<str>,
     store_id: Option<String>,
     unreachable: Unreachable,
+    key: QueueKey,
+    /// The way to the home node, once the node has one (it is installed
+    /// after the metadata is first applied).
+    home_link: OnceLock<Arc<dyn ForwardHome>>,
     deleted: AtomicBool,
-    /// Never notified: a queue with no messages here is never congested.
+    /// Never notified: while no link carries its messages, the queue is
+    /// never congested.
     uncongested: Notify,
 }
 
@@ -53,7 +60,14 @@ impl RemoteQueue {
         unreachable: Unreachable,
     ) -> Self {
         let queue_type = QueueType::of_arguments(&options.arguments).unwrap_or(QueueType::Classic);
+        let key = QueueKey {
+            vhost: Arc::clone(&vhost),
+            name: Arc::clone(&name),
+            declared_at: options.declared_at,
+        };
         RemoteQueue {
+            key,
+            home_link: OnceLock::new(),
             name,
             vhost,
             queue_type,
@@ -66,22 +80,42 @@ impl RemoteQueue {
         }
     }
 
+    pub fn key(&self) -> &QueueKey {
+        &self.key
+    }
+
+    /// The way to the home node, whether or not the link is up.
+    fn home_link(&self) -> Option<&Arc<dyn ForwardHome>> {
+        if let Some(link) = self.home_link.get() {
+            return Some(link);
+        }
+        let Unreachable::OtherNode(cluster) = &self.unreachable else {
+            return None;
+        };
+        let link = cluster.forward_home(&self.home)?;
+        Some(self.home_link.get_or_init(|| link))
+    }
+
+    /// The way to the home node while the link is up.
+    fn forward(&self) -> Option<&Arc<dyn ForwardHome>> {
+        self.home_link().filter(|link| link.is_up())
+    }
+
     /// The error an operation on this queue's messages gets.
     fn refusal(&self) -> AmqpError {
         match &self.unreachable {
-            // RabbitMQ's words for a classic queue whose node is gone.
-            Unreachable::OtherNode(cluster) if !cluster.is_node_up(&self.home) => {
-                AmqpError::not_found(format!(
-                    "home node '{}' of {} queue '{}' in vhost '{}' is down or inaccessible",
-                    self.home,
-                    if self.options.durable { "durable" } else { "non-durable" },
-                    self.name,
-                    self.vhost
-                ))
-            }
-            Unreachable::OtherNode(_) => AmqpError::not_implemented(format!(
-                "queue '{}' in vhost '{}' is on node '{}': using a queue of another node is not supported yet",
-                self.name, self.vhost, self.home
+            // RabbitMQ's words for a classic queue whose node is gone (or
+            // not reachable from here, which a client cannot tell apart).
+            Unreachable::OtherNode(_) => AmqpError::not_found(format!(
+                "home node '{}' of {} queue '{}' in vhost '{}' is down or inaccessible",
+                self.home,
+                if self.options.durable {
+                    "durable"
+                } else {
+                    "non-durable"
+                },
+                self.name,
+                self.vhost
             )),
             Unreachable::LocalStorage(reason) => AmqpError::new(
                 ReplyCode::InternalError,
@@ -120,16 +154,34 @@ impl Queue for RemoteQueue {
     }
 
     fn unavailable(&self) -> Option<AmqpError> {
-        Some(self.refusal())
+        match self.forward() {
+            Some(_) => None,
+            None => Some(self.refusal()),
+        }
     }
 
-    /// Refused: with confirms the publisher gets a nack rather than a
-    /// silent loss.
-    fn publish(&self, _message: Arc<Message>) -> PublishOutcome {
-        PublishOutcome::Rejected
+    fn forwarded(&self) -> Option<(Arc<dyn ForwardHome>, QueueKey)> {
+        self.forward()
+            .map(|link| (Arc::clone(link), self.key.clone()))
     }
 
-    fn dispatch(&self) {}
+    /// Forwarded to the home node. A queue whose node is down takes
+    /// nothing: the message counts as routed nowhere, as in RabbitMQ; a
+    /// queue whose storage failed refuses it, so a publisher with confirms
+    /// gets a nack rather than a silent loss.
+    fn publish(&self, message: Arc<Message>) -> PublishOutcome {
+        match (self.forward(), &self.unreachable) {
+            (Some(link), _) => link.publish(&message, vec![self.key.clone()]),
+            (None, Unreachable::OtherNode(_)) => PublishOutcome::Unavailable,
+            (None, Unreachable::LocalStorage(_)) => PublishOutcome::Rejected,
+        }
+    }
+
+    fn dispatch(&self) {
+        if let Some(link) = self.forward() {
+            link.dispatch(&self.key);
+        }
+    }
 
     fn add_consumer(
         &self,
@@ -139,28 +191,50 @@ impl Queue for RemoteQueue {
         Err(self.refusal())
     }
 
+    /// Consumers are added through [`Queue::forwarded`], asynchronously.
     fn remove_consumer(
         &self,
-        _connection_id: crate::queue::ConnectionId,
-        _channel_id: u16,
-        _tag: &str,
+        connection_id: crate::queue::ConnectionId,
+        channel_id: u16,
+        tag: &str,
     ) -> Option<ConsumerRemoved> {
-        None
+        let consumer = self
+            .home_link()?
+            .cancel(&self.key, connection_id, channel_id, tag)?;
+        // An auto-delete queue left unused is the home node's to delete.
+        Some(ConsumerRemoved {
+            consumer,
+            queue_now_unused: false,
+            active_consumer_changed: false,
+        })
     }
 
     fn active_consumer_tag(&self) -> Option<Arc<str>> {
         None
     }
 
-    fn has_consumer_on(&self, _connection_id: crate::queue::ConnectionId) -> bool {
-        false
+    fn has_consumer_on(&self, connection_id: crate::queue::ConnectionId) -> bool {
+        self.home_link()
+            .is_some_and(|link| link.has_consumer_on(&self.key, connection_id))
     }
 
-    fn settle(&self, _messages: &[MessageId]) {}
+    fn settle(&self, messages: &[MessageId]) {
+        if let Some(link) = self.home_link() {
+            link.settle(&self.key, Settlement::Ack, messages);
+        }
+    }
 
-    fn reject(&self, _messages: &[MessageId]) {}
+    fn reject(&self, messages: &[MessageId]) {
+        if let Some(link) = self.home_link() {
+            link.settle(&self.key, Settlement::Reject, messages);
+        }
+    }
 
-    fn requeue(&self, _messages: &[MessageId]) {}
+    fn requeue(&self, messages: &[MessageId]) {
+        if let Some(link) = self.home_link() {
+            link.settle(&self.key, Settlement::Requeue, messages);
+        }
+    }
 
     fn get(&self, _no_ack: bool) -> Option<(QueuedMessage, u32)> {
         None
@@ -170,9 +244,15 @@ impl Queue for RemoteQueue {
         0
     }
 
+    /// This node's consumers of it are handed back for basic.cancel; the
+    /// home node drops the messages.
     fn delete(&self) -> (Vec<Arc<Consumer>>, u32) {
         self.deleted.store(true, Ordering::Release);
-        (Vec::new(), 0)
+        let consumers = self
+            .home_link()
+            .map(|link| link.forget_queue(&self.key))
+            .unwrap_or_default();
+        (consumers, 0)
     }
 
     fn is_deleted(&self) -> bool {
@@ -196,10 +276,13 @@ impl Queue for RemoteQueue {
     fn start_timers(&self) {}
 
     fn is_congested(&self) -> bool {
-        false
+        self.forward().is_some_and(|link| link.is_congested())
     }
 
     fn uncongested(&self) -> tokio::sync::futures::Notified<'_> {
-        self.uncongested.notified()
+        match self.home_link() {
+            Some(link) => link.uncongested(),
+            None => self.uncongested.notified(),
+        }
     }
 }

@@ -30,6 +30,7 @@ pub mod connection_registry;
 pub mod data_dir_lock;
 pub mod delivery;
 pub mod fd_limit;
+pub mod forwarding;
 pub mod frame_reader;
 pub mod handshake;
 pub mod in_flight;

@@ -27,6 +27,7 @@ use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
+use crate::forwarding::NodeForwarding;
 use crate::in_flight::InFlightBytes;
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
@@ -172,9 +173,11 @@ pub async fn start_with_cluster_listener(
         config.data_dir.clone(),
     )
     .map_err(ServerError::Limit)?;
-    let (group_commit, durable_rounds, store) =
+    let (group_commit, confirm_progress, store) =
         open_store(&config, alarm_monitor.limits().memory_watermark_bytes)?;
-    let node = match open_node(&config, loaded, membership, cluster_listener, &store).await {
+    let durable_rounds = confirm_progress.subscribe();
+    let storage = (&store, &confirm_progress);
+    let node = match open_node(&config, loaded, membership, cluster_listener, storage).await {
         Ok(node) => node,
         Err(error) => {
             // Nothing is lost: the journals and the metadata log stay as
@@ -259,7 +262,7 @@ async fn open_node(
     mut loaded: Option<LoadedDefinitions>,
     membership: Option<Membership>,
     cluster_listener: Option<TcpListener>,
-    store: &Arc<DefinitionStore>,
+    (store, confirm_progress): (&Arc<DefinitionStore>, &Arc<watch::Sender<u64>>),
 ) -> Result<OpenNode, ServerError> {
     let (local, members) = match &membership {
         Some(membership) => (membership.node.clone(), membership.members.clone()),
@@ -292,6 +295,13 @@ async fn open_node(
         Some(membership) => Some(start_links(config, membership, cluster_listener).await?),
         None => None,
     };
+    if let Some(links) = &links {
+        broker.metadata.install_forwarding(NodeForwarding::start(
+            Arc::clone(links),
+            Arc::clone(&broker),
+            Arc::clone(confirm_progress),
+        ));
+    }
     let stop_links = |links: &Option<Arc<Links>>| {
         if let Some(links) = links {
             links.shutdown();
@@ -421,14 +431,20 @@ fn bind_amqp(config: &Config) -> Result<(TcpListener, SocketAddr), ServerError> 
     Ok((listener, local_address))
 }
 
-/// The group commit, the watch its sync rounds bump (which wakes readers
-/// waiting to confirm persistent messages), and the data directory's store.
-type NodeStorage = (Arc<GroupCommit>, watch::Receiver<u64>, Arc<DefinitionStore>);
+/// The group commit, the watch bumped whenever confirms may have come due
+/// (by its sync rounds, and by confirms forwarded from other nodes), which
+/// wakes readers waiting to send them, and the data directory's store.
+type NodeStorage = (
+    Arc<GroupCommit>,
+    Arc<watch::Sender<u64>>,
+    Arc<DefinitionStore>,
+);
 
 fn open_store(config: &Config, memory_watermark_bytes: u64) -> Result<NodeStorage, ServerError> {
-    let (durable_rounds_sender, durable_rounds) = watch::channel(0u64);
-    let group_commit = GroupCommit::start(config.store.sync_interval, move |round, _failed| {
-        let _ = durable_rounds_sender.send(round);
+    let confirm_progress = Arc::new(watch::Sender::new(0u64));
+    let rounds = Arc::clone(&confirm_progress);
+    let group_commit = GroupCommit::start(config.store.sync_interval, move |_round, _failed| {
+        rounds.send_modify(|progress| *progress += 1);
     });
     group_commit.set_write_budget(config.store.write_buffer_total_max);
     let store = DefinitionStore::open(
@@ -440,7 +456,7 @@ fn open_store(config: &Config, memory_watermark_bytes: u64) -> Result<NodeStorag
         group_commit.stop();
         ServerError::Store(error)
     })?;
-    Ok((group_commit, durable_rounds, store))
+    Ok((group_commit, confirm_progress, store))
 }
 
 /// The node's broker: its users and vhosts, with the policies of a loaded

@@ -101,13 +101,13 @@ pub async fn run(
     (read_half, write_half): (OwnedReadHalf, OwnedWriteHalf),
     buffer: BytesMut,
     queue: LinkQueue,
-    (peer, subscribers): (&NodeName, &Subscribers),
+    (peer, generation, subscribers): (&NodeName, u64, &Subscribers),
     heartbeat_timeout: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) -> LinkDown {
     let interval = heartbeat_timeout / 4;
     tokio::select! {
-        down = read_loop(read_half, buffer, peer, subscribers, heartbeat_timeout) => down,
+        down = read_loop(read_half, buffer, (peer, generation), subscribers, heartbeat_timeout) => down,
         down = write_loop(write_half, queue, interval) => down,
         () = stop => LinkDown::Shutdown,
     }
@@ -116,7 +116,7 @@ pub async fn run(
 async fn read_loop(
     mut read_half: OwnedReadHalf,
     mut buffer: BytesMut,
-    peer: &NodeName,
+    (peer, generation): (&NodeName, u64),
     subscribers: &Subscribers,
     heartbeat_timeout: Duration,
 ) -> LinkDown {
@@ -130,7 +130,7 @@ async fn read_loop(
             match frame.kind {
                 FrameKind::Data => {
                     subscribers
-                        .deliver(peer, frame.channel, frame.payload)
+                        .deliver(peer, generation, frame.channel, frame.payload)
                         .await
                 }
                 FrameKind::Heartbeat => {}

@@ -212,6 +212,44 @@ impl Links {
         channel: u16,
         payload: Bytes,
     ) -> Result<(), LinkError> {
+        self.send_if(peer, None, channel, payload).await
+    }
+
+    /// The generation of the link to `peer` while one is up. Every link a
+    /// node makes or accepts gets a new one, so a conversation tied to one
+    /// link (a remote consumer, a forwarded publish awaiting its confirm)
+    /// can tell that the link it began on is gone, even when a new one came
+    /// up in between.
+    pub fn generation(&self, peer: &NodeName) -> Option<u64> {
+        let slot = self.peers.get(peer)?;
+        lock(&slot.sender)
+            .as_ref()
+            .map(|(generation, _)| *generation)
+    }
+
+    /// As [`Links::send`], only on the link of generation `link`: a frame
+    /// meant for a conversation on a link that went down is not sent on its
+    /// successor.
+    ///
+    /// # Errors
+    /// The peer is not a member, or that link is no longer up.
+    pub async fn send_on(
+        &self,
+        peer: &NodeName,
+        link: u64,
+        channel: u16,
+        payload: Bytes,
+    ) -> Result<(), LinkError> {
+        self.send_if(peer, Some(link), channel, payload).await
+    }
+
+    async fn send_if(
+        &self,
+        peer: &NodeName,
+        link: Option<u64>,
+        channel: u16,
+        payload: Bytes,
+    ) -> Result<(), LinkError> {
         assert!(
             payload.len() <= FRAME_PAYLOAD_BYTES_MAX,
             "a frame payload over the limit"
@@ -223,6 +261,7 @@ impl Links {
             .ok_or_else(|| LinkError::NotMember(peer.to_string()))?;
         let sender = lock(&slot.sender)
             .as_ref()
+            .filter(|(generation, _)| link.is_none_or(|link| *generation == link))
             .map(|(_, sender)| sender.clone());
         let Some(sender) = sender else {
             return Err(LinkError::PeerDown(peer.to_string()));
@@ -364,7 +403,7 @@ impl Links {
             stream.into_split(),
             handshaken.buffer,
             queue,
-            (&peer, &self.subscribers),
+            (&peer, generation, &self.subscribers),
             self.settings.heartbeat_timeout,
             Self::stopped(self.stop.subscribe()),
         )

@@ -17,6 +17,10 @@ pub const CHANNEL_QUEUE_FRAMES: usize = 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Received {
     pub from: NodeName,
+    /// Which of the links to `from` carried it (see
+    /// [`super::Links::generation`]): a frame of a link that since went
+    /// down belongs to a conversation that ended with it.
+    pub link: u64,
     pub channel: u16,
     pub payload: Bytes,
 }
@@ -42,7 +46,7 @@ impl Subscribers {
     /// Hands a frame to its channel's subscriber, waiting while it is
     /// behind. A frame for a channel nobody subscribed to is dropped: the
     /// peer runs a layer this node does not (yet) have.
-    pub async fn deliver(&self, from: &NodeName, channel: u16, payload: Bytes) {
+    pub async fn deliver(&self, from: &NodeName, link: u64, channel: u16, payload: Bytes) {
         let sender = self
             .channels
             .lock()
@@ -56,6 +60,7 @@ impl Subscribers {
         let _ = sender
             .send(Received {
                 from: from.clone(),
+                link,
                 channel,
                 payload,
             })

@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{AmqpError, AmqpResult};
+use crate::forwarding::{ForwardHome, Forwarding};
 use sluice_wire::reply_code::ReplyCode;
 
 /// A proposal on its way through the metadata log.
@@ -74,6 +75,7 @@ pub struct MetadataProposer {
     log: OnceLock<Arc<dyn MetadataLog>>,
     runtime: OnceLock<tokio::runtime::Handle>,
     liveness: OnceLock<Arc<dyn NodeLiveness>>,
+    forwarding: OnceLock<Arc<dyn Forwarding>>,
 }
 
 impl MetadataProposer {
@@ -95,6 +97,16 @@ impl MetadataProposer {
         self.liveness
             .get()
             .is_none_or(|liveness| liveness.is_up(node))
+    }
+
+    /// Installs the way to queues homed on other nodes.
+    pub fn install_forwarding(&self, forwarding: Arc<dyn Forwarding>) {
+        let _ = self.forwarding.set(forwarding);
+    }
+
+    /// The way to the queues homed on `node`, once installed.
+    pub fn forward_home(&self, node: &str) -> Option<Arc<dyn ForwardHome>> {
+        self.forwarding.get()?.home(node)
     }
 
     pub fn is_installed(&self) -> bool {

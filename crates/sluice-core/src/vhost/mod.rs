@@ -674,6 +674,19 @@ impl VirtualHost {
         Ok(queue)
     }
 
+    /// The queue `name` declared at `declared_at`, when it lives on this
+    /// node: what an operation forwarded from another node acts on.
+    pub fn home_queue(&self, name: &str, declared_at: u64) -> Option<Arc<dyn Queue>> {
+        read(&self.queues)
+            .get(name)
+            .filter(|queue| {
+                queue.options().declared_at == declared_at
+                    && queue.home_node().is_none()
+                    && queue.unavailable().is_none()
+            })
+            .cloned()
+    }
+
     pub fn queues(&self) -> Vec<Arc<dyn Queue>> {
         read(&self.queues).values().cloned().collect()
     }
@@ -710,20 +723,36 @@ impl VirtualHost {
             }
             Err(error) => return Err(error),
         };
+        self.check_queue_deletable(&queue, queue.stats(), if_unused, if_empty)?;
+        Ok(Some(queue))
+    }
+
+    /// queue.delete's if-empty and if-unused, on `stats` (a queue homed
+    /// elsewhere is counted by its home node).
+    ///
+    /// # Errors
+    /// 406 PRECONDITION_FAILED with RabbitMQ's texts.
+    pub fn check_queue_deletable(
+        &self,
+        queue: &Arc<dyn Queue>,
+        stats: crate::queue::QueueStats,
+        if_unused: bool,
+        if_empty: bool,
+    ) -> AmqpResult<()> {
         // Emptiness first, then use, as RabbitMQ's queue process checks.
-        if if_empty && queue.message_count() > 0 {
+        if if_empty && stats.messages_ready > 0 {
             return Err(AmqpError::precondition_failed(format!(
                 "{} not empty",
-                self.describe_queue(name)
+                self.describe_queue(queue.name())
             )));
         }
-        if if_unused && queue.consumer_count() > 0 {
+        if if_unused && stats.consumers > 0 {
             return Err(AmqpError::precondition_failed(format!(
                 "{} in use",
-                self.describe_queue(name)
+                self.describe_queue(queue.name())
             )));
         }
-        Ok(Some(queue))
+        Ok(())
     }
 
     /// Removes a queue and its bindings unconditionally (auto-delete,

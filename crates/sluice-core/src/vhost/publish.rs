@@ -15,6 +15,7 @@ use super::{Exchange, VirtualHost};
 use crate::confirm::ConfirmTicket;
 use crate::error::AmqpResult;
 use crate::exchange::ExchangeKind;
+use crate::forwarding::{ForwardHome, QueueKey};
 use crate::message::Message;
 use crate::queue::{same_queue, PublishOutcome, Queue};
 use crate::reply_to::token_of;
@@ -140,8 +141,7 @@ impl VirtualHost {
                 self.route_by_headers(&exchange, message, &mut scratch.route, &mut scratch.queues)?;
             (message, &scratch.queues, exchange.is_default())
         };
-        let routed = !queues.is_empty();
-        if !routed && is_default {
+        if queues.is_empty() && is_default {
             // A reply to a direct reply-to name reaches its consumer, or is
             // dropped when that channel is gone. Either way it counts as
             // routed to no queue, so mandatory still returns it, as in
@@ -150,7 +150,7 @@ impl VirtualHost {
                 self.reply_to.deliver(token, &message);
             }
         }
-        let ticket = enqueue(&message, queues, congested);
+        let (ticket, routed) = enqueue(&message, queues, congested);
         let counters = self.counters.local();
         counters.count_publish(message.body_size());
         match (routed, mandatory) {
@@ -202,24 +202,52 @@ impl VirtualHost {
     }
 }
 
-/// Offers `message` to each of `queues` and gathers their word on it.
+/// Offers `message` to each of `queues` and gathers their word on it, with
+/// whether any of them took it. Queues homed on other nodes get it through
+/// one forward per home node, naming them all: a message crosses each link
+/// once, however many queues there it lands in.
 fn enqueue(
     message: &Arc<Message>,
     queues: &[Arc<dyn Queue>],
     congested: &mut Vec<Arc<dyn Queue>>,
-) -> ConfirmTicket {
+) -> (ConfirmTicket, bool) {
     let mut ticket = ConfirmTicket::default();
+    let mut taken = false;
+    let mut forwards: Vec<(Arc<dyn ForwardHome>, Vec<QueueKey>)> = Vec::new();
     for queue in queues {
-        match queue.publish(Arc::clone(message)) {
-            PublishOutcome::Enqueued => {}
-            PublishOutcome::Pending(safety) => ticket.wait_for(safety),
-            PublishOutcome::Rejected => ticket.refuse(),
+        match queue.forwarded() {
+            Some((home, key)) => {
+                match forwards
+                    .iter_mut()
+                    .find(|(known, _)| std::ptr::addr_eq(Arc::as_ptr(known), Arc::as_ptr(&home)))
+                {
+                    Some((_, keys)) => keys.push(key),
+                    None => forwards.push((home, vec![key])),
+                }
+            }
+            None => {
+                taken |= record(queue.publish(Arc::clone(message)), &mut ticket);
+            }
         }
         if queue.is_congested() && !congested.iter().any(|known| same_queue(known, queue)) {
             congested.push(Arc::clone(queue));
         }
     }
-    ticket
+    for (home, targets) in forwards {
+        taken |= record(home.publish(message, targets), &mut ticket);
+    }
+    (ticket, taken)
+}
+
+/// Adds a queue's word on a message to its ticket; whether the queue took it.
+fn record(outcome: PublishOutcome, ticket: &mut ConfirmTicket) -> bool {
+    match outcome {
+        PublishOutcome::Enqueued => {}
+        PublishOutcome::Pending(safety) => ticket.wait_for(safety),
+        PublishOutcome::Rejected => ticket.refuse(),
+        PublishOutcome::Unavailable => return false,
+    }
+    true
 }
 
 /// The message with its headers replaced by `kept` (the `BCC` header gone).

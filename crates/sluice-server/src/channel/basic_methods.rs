@@ -7,9 +7,11 @@ use std::sync::Arc;
 use amq_protocol::protocol::{basic, AMQPClass};
 use sluice_core::arguments::{as_integer, check_consume_arguments};
 use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::forwarding::{ForwardHome, QueueKey};
 use sluice_core::metadata::MetadataCommand;
 use sluice_core::queue::{Consumer, Queue};
 use sluice_core::reply_to::REPLY_TO_QUEUE;
+use sluice_wire::encode::encode_control;
 
 use super::{Channel, ChannelConsumer, ReplyConsumer};
 use crate::connection_context::ConnectionContext;
@@ -120,6 +122,24 @@ impl Channel {
         if let Some(error) = queue.unavailable() {
             return Err(error);
         }
+        if let Some((home, key)) = queue.forwarded() {
+            let no_ack = get.no_ack;
+            self.await_remote(home.get(key, no_ack), move |channel, context, got| {
+                match got? {
+                    Some((entry, message_count)) => {
+                        channel
+                            .deliveries
+                            .deliver_get(&queue, entry, message_count, no_ack)
+                    }
+                    None => channel.reply(
+                        context,
+                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+                    ),
+                }
+                Ok(())
+            });
+            return Ok(());
+        }
         match queue.get(get.no_ack) {
             Some((entry, message_count)) => {
                 self.deliveries
@@ -194,6 +214,9 @@ impl Channel {
             unacked: AtomicU32::new(0),
             sink: self.deliveries.clone(),
         });
+        if let Some((home, key)) = queue.forwarded() {
+            return self.consume_remote(context, (queue, home, key), consumer, consume.nowait);
+        }
         queue.add_consumer(consumer, &mut || {
             if !consume.nowait {
                 self.reply(
@@ -211,6 +234,45 @@ impl Channel {
             },
         );
         queue.dispatch();
+        Ok(())
+    }
+
+    /// basic.consume on a queue homed on another node: the consumer is the
+    /// channel's at once (so that a channel closed meanwhile cancels it),
+    /// and consume-ok is written when the home node accepts it, before any
+    /// delivery.
+    fn consume_remote(
+        &mut self,
+        context: &ConnectionContext,
+        (queue, home, key): (Arc<dyn Queue>, Arc<dyn ForwardHome>, QueueKey),
+        consumer: Arc<Consumer>,
+        nowait: bool,
+    ) -> AmqpResult<()> {
+        let tag = Arc::clone(&consumer.tag);
+        let outbox = Arc::clone(&context.outbox);
+        let channel_id = self.id;
+        let announce_tag = Arc::clone(&tag);
+        let announce = Box::new(move || {
+            if !nowait {
+                let consume_ok = AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: announce_tag.as_ref().into(),
+                }));
+                outbox.append(|out| encode_control(out, channel_id, &consume_ok));
+            }
+        });
+        self.consumers.insert(
+            Arc::clone(&tag),
+            ChannelConsumer {
+                queue: Arc::clone(&queue),
+            },
+        );
+        let started = home.consume(queue, key, consumer, announce);
+        self.await_remote(started, move |channel, _context, started| {
+            if started.is_err() {
+                channel.consumers.remove(&tag);
+            }
+            started
+        });
         Ok(())
     }
 

@@ -4,8 +4,12 @@
 //! it before it reads the next frame, then lets the channel finish: reply,
 //! or fail with the error every node computed.
 
-use sluice_core::error::AmqpResult;
+use std::sync::{Arc, Mutex};
+
+use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::forwarding::RemoteReply;
 use sluice_core::metadata::{MetadataCommand, Proposal};
+use sluice_wire::reply_code::ReplyCode;
 
 use super::Channel;
 use crate::connection_context::ConnectionContext;
@@ -48,6 +52,44 @@ impl Channel {
         self.pending_change = Some(PendingChange::new(
             context.broker.metadata.propose(command),
             Box::new(then),
+        ));
+    }
+
+    /// Waits for another node's answer to a forwarded request (a consume,
+    /// basic.get, purge or counts of a queue homed there) the way a
+    /// metadata change is waited for; `then` finishes the method with it.
+    pub(super) fn await_remote<T: Send + 'static>(
+        &mut self,
+        reply: RemoteReply<T>,
+        then: impl FnOnce(&mut Channel, &ConnectionContext, AmqpResult<T>) -> AmqpResult<()>
+            + Send
+            + 'static,
+    ) {
+        debug_assert!(self.pending_change.is_none(), "one wait at a time");
+        let answer = Arc::new(Mutex::new(None));
+        let filled = Arc::clone(&answer);
+        let waited: Proposal = Box::pin(async move {
+            let result = reply.await;
+            *filled
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
+            Ok(())
+        });
+        self.pending_change = Some(PendingChange::new(
+            waited,
+            Box::new(move |channel, context, _| {
+                let result = answer
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take()
+                    .unwrap_or_else(|| {
+                        Err(AmqpError::new(
+                            ReplyCode::InternalError,
+                            "a forwarded request ended without an answer",
+                        ))
+                    });
+                then(channel, context, result)
+            }),
         ));
     }
 

@@ -130,16 +130,34 @@ impl Channel {
     /// the client hears its counts.
     fn declared(&mut self, context: &ConnectionContext, queue: &Arc<dyn Queue>, nowait: bool) {
         self.last_declared_queue = Some(Arc::clone(queue.name()));
-        if !nowait {
-            self.reply(
-                context,
-                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
-                    queue: queue.name().as_ref().into(),
-                    message_count: queue.message_count(),
-                    consumer_count: queue.consumer_count(),
-                })),
-            );
+        if nowait {
+            return;
         }
+        // A queue homed on another node is counted there.
+        if let Some((home, key)) = queue.forwarded() {
+            let name = Arc::clone(queue.name());
+            self.await_remote(home.stats(key), move |channel, context, stats| {
+                let stats = stats?;
+                channel.reply(
+                    context,
+                    AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                        queue: name.as_ref().into(),
+                        message_count: stats.messages_ready,
+                        consumer_count: stats.consumers,
+                    })),
+                );
+                Ok(())
+            });
+            return;
+        }
+        self.reply(
+            context,
+            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                queue: queue.name().as_ref().into(),
+                message_count: queue.message_count(),
+                consumer_count: queue.consumer_count(),
+            })),
+        );
     }
 
     /// queue.bind (`bind`) or queue.unbind of `(queue, exchange)`; an
@@ -173,8 +191,24 @@ impl Channel {
         if let Some(error) = queue.unavailable() {
             return Err(error);
         }
+        let nowait = purge.nowait;
+        if let Some((home, key)) = queue.forwarded() {
+            self.await_remote(home.purge(key), move |channel, context, purged| {
+                let message_count = purged?;
+                if !nowait {
+                    channel.reply(
+                        context,
+                        AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                            message_count,
+                        })),
+                    );
+                }
+                Ok(())
+            });
+            return Ok(());
+        }
         let message_count = queue.purge();
-        if !purge.nowait {
+        if !nowait {
             self.reply(
                 context,
                 AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count })),
@@ -211,10 +245,40 @@ impl Channel {
             reply(self, context, 0);
             return Ok(());
         };
-        let message_count = queue.message_count();
+        match queue.forwarded() {
+            // Counted, and checked for if-empty and if-unused, by its home
+            // node first.
+            Some((home, key)) => {
+                let (if_unused, if_empty) = (delete.if_unused, delete.if_empty);
+                self.await_remote(home.stats(key), move |channel, context, stats| {
+                    let stats = stats?;
+                    context
+                        .vhost
+                        .check_queue_deletable(&queue, stats, if_unused, if_empty)?;
+                    channel.propose_deletion(context, &queue, stats.messages_ready, reply);
+                    Ok(())
+                });
+            }
+            None => {
+                let message_count = queue.message_count();
+                self.propose_deletion(context, &queue, message_count, reply);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `queue` through the metadata log; `reply` answers with
+    /// `message_count` once it is gone.
+    fn propose_deletion(
+        &mut self,
+        context: &ConnectionContext,
+        queue: &Arc<dyn Queue>,
+        message_count: u32,
+        reply: impl FnOnce(&mut Channel, &ConnectionContext, u32) + Send + 'static,
+    ) {
         let command = MetadataCommand::DeleteQueue {
             vhost: context.vhost.name.to_string(),
-            name: name.to_string(),
+            name: queue.name().to_string(),
             declared_at: Some(queue.options().declared_at),
         };
         // RabbitMQ's order: delete-ok, then basic.cancel for this channel's
@@ -232,7 +296,6 @@ impl Channel {
             channel.deliveries.release_cancels();
             Ok(())
         });
-        Ok(())
     }
 
     /// queue.declare of the reply-to pseudo-queue or of a reply name: always

@@ -1,0 +1,149 @@
+//! Operations on a queue that lives on another node of the cluster,
+//! carried to that node. A client may use any queue through any node: the
+//! node it is connected to holds a [`crate::remote_queue::RemoteQueue`]
+//! for each queue homed elsewhere, and that queue hands what the client
+//! does to the home node through a [`ForwardHome`]. The server implements
+//! it over the inter-node link; the core only asks.
+//!
+//! What holds across the link as it holds locally: a publish is confirmed
+//! once every target queue has it safe (and nacked when the link to its
+//! home goes down first); a consumer gets consume-ok before any delivery,
+//! within its prefetch; acks, nacks and rejects reach the message's queue;
+//! messages from one publisher reach a queue in the order published.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crate::confirm::ConfirmStatus;
+use crate::error::AmqpResult;
+use crate::message::{Message, QueuedMessage};
+use crate::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
+
+/// A queue as another node names it: by vhost and name, and by the
+/// metadata entry that declared it, so that an operation meant for one
+/// queue never lands in a later queue of the same name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueueKey {
+    pub vhost: Arc<str>,
+    pub name: Arc<str>,
+    pub declared_at: u64,
+}
+
+/// What a client did with messages delivered from a remote queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// basic.ack: gone for good.
+    Ack,
+    /// basic.nack or reject without requeue: dead-lettered where the
+    /// queue says so.
+    Reject,
+    /// Back to the queue, redelivered: a nack or reject with requeue, a
+    /// recover, a closed channel.
+    Requeue,
+}
+
+/// The answer to a forwarded request, once the home node gave it.
+pub type RemoteReply<T> = Pin<Box<dyn Future<Output = AmqpResult<T>> + Send>>;
+
+/// The node's way to the other nodes' queues, installed once its links are
+/// up (a cluster of one has none).
+pub trait Forwarding: Send + Sync {
+    /// The way to the queues homed on `node`.
+    fn home(&self, node: &str) -> Option<Arc<dyn ForwardHome>>;
+}
+
+/// Carries operations on the queues of one other node. Every call that
+/// returns at once queues what it sends; nothing here blocks on the
+/// network.
+pub trait ForwardHome: Send + Sync {
+    /// Whether the link to the home node is up.
+    fn is_up(&self) -> bool;
+
+    /// Sends `message` to the home node once, for every queue of
+    /// `targets`. Pending until the home node says they all have it safe;
+    /// Rejected when the link is down.
+    fn publish(&self, message: &Arc<Message>, targets: Vec<QueueKey>) -> PublishOutcome;
+
+    /// Whether publishers into the home node's queues should pause: the
+    /// forwarded messages not yet taken in there passed their bound.
+    fn is_congested(&self) -> bool;
+
+    /// Resolves when [`Self::is_congested`] may have turned false.
+    fn uncongested(&self) -> tokio::sync::futures::Notified<'_>;
+
+    /// Subscribes `consumer` to the queue `key` (this node's handle to it
+    /// is `queue`). `announce` runs once the home node accepted it and
+    /// before the consumer is handed any message (the caller writes
+    /// consume-ok there); the reply is the home node's refusal otherwise.
+    fn consume(
+        &self,
+        queue: Arc<dyn Queue>,
+        key: QueueKey,
+        consumer: Arc<Consumer>,
+        announce: Box<dyn FnOnce() + Send>,
+    ) -> RemoteReply<()>;
+
+    /// Removes a consumer; returns it when it was known. Its unacked
+    /// messages stay with its channel, as basic.cancel leaves them.
+    fn cancel(
+        &self,
+        key: &QueueKey,
+        connection_id: ConnectionId,
+        channel_id: u16,
+        tag: &str,
+    ) -> Option<Arc<Consumer>>;
+
+    /// Forgets every consumer of `key` here (the queue was deleted) and
+    /// returns them, for basic.cancel.
+    fn forget_queue(&self, key: &QueueKey) -> Vec<Arc<Consumer>>;
+
+    fn has_consumer_on(&self, key: &QueueKey, connection_id: ConnectionId) -> bool;
+
+    /// Hands deliveries that arrived while their channel had no room to
+    /// the consumers of `key` that can take them now.
+    fn dispatch(&self, key: &QueueKey);
+
+    fn settle(&self, key: &QueueKey, settlement: Settlement, messages: &[MessageId]);
+
+    /// basic.get on the home node: the message (settled later by its id,
+    /// unless `no_ack`) and the count left behind it.
+    fn get(&self, key: QueueKey, no_ack: bool) -> RemoteReply<Option<(QueuedMessage, u32)>>;
+
+    fn purge(&self, key: QueueKey) -> RemoteReply<u32>;
+
+    /// The queue's counts, for queue.declare-ok and queue.delete-ok.
+    fn stats(&self, key: QueueKey) -> RemoteReply<QueueStats>;
+}
+
+/// The home node's word on one forwarded publish, set once.
+#[derive(Default)]
+pub struct ForwardedConfirm(AtomicU8);
+
+const PENDING: u8 = 0;
+const CONFIRMED: u8 = 1;
+const REFUSED: u8 = 2;
+
+impl ForwardedConfirm {
+    pub fn confirm(&self) {
+        let _ = self
+            .0
+            .compare_exchange(PENDING, CONFIRMED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Refused by the home node, or lost with the link to it.
+    pub fn refuse(&self) {
+        let _ = self
+            .0
+            .compare_exchange(PENDING, REFUSED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn status(&self) -> ConfirmStatus {
+        match self.0.load(Ordering::Acquire) {
+            PENDING => ConfirmStatus::Pending,
+            CONFIRMED => ConfirmStatus::Confirmed,
+            _ => ConfirmStatus::Refused,
+        }
+    }
+}
