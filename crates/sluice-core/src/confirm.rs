@@ -6,9 +6,9 @@
 //! members have it. A message routed to several queues is confirmed when
 //! all of them say so, and refused (nacked) when any refused it.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crate::forwarding::ForwardedConfirm;
 use crate::queue_journal::Durability;
 
 /// One queue's promise about one message, not kept yet.
@@ -92,6 +92,37 @@ impl ConfirmTicket {
             }
         }
         status
+    }
+}
+
+/// The home node's word on one forwarded publish, set once.
+#[derive(Default)]
+pub struct ForwardedConfirm(AtomicU8);
+
+const PENDING: u8 = 0;
+const CONFIRMED: u8 = 1;
+const REFUSED: u8 = 2;
+
+impl ForwardedConfirm {
+    pub fn confirm(&self) {
+        let _ = self
+            .0
+            .compare_exchange(PENDING, CONFIRMED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Refused by the home node, or lost with the link to it.
+    pub fn refuse(&self) {
+        let _ = self
+            .0
+            .compare_exchange(PENDING, REFUSED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn status(&self) -> ConfirmStatus {
+        match self.0.load(Ordering::Acquire) {
+            PENDING => ConfirmStatus::Pending,
+            CONFIRMED => ConfirmStatus::Confirmed,
+            _ => ConfirmStatus::Refused,
+        }
     }
 }
 

@@ -46,7 +46,6 @@ pub mod definitions_import;
 pub mod error;
 pub mod exchange;
 pub mod expiry;
-pub mod forwarding;
 pub mod message;
 pub mod metadata;
 pub mod metadata_apply;

@@ -3,7 +3,7 @@
 //! not be opened. It has a name, options and a home for routing tables,
 //! redeclarations and snapshots. Operations on the messages of a queue
 //! homed elsewhere are carried to its home node (see
-//! [`crate::forwarding`]) while the link there is up; otherwise, and for a
+//! [`crate::queue::forwarding`]) while the link there is up; otherwise, and for a
 //! queue whose storage failed, they are refused with the reason.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +13,9 @@ use tokio::sync::Notify;
 
 use crate::counters::MessageCounts;
 use crate::error::{AmqpError, AmqpResult};
-use crate::forwarding::{ForwardHome, QueueKey, Settlement};
 use crate::message::{Message, QueuedMessage};
 use crate::metadata::MetadataProposer;
+use crate::queue::forwarding::{ForwardHome, QueueKey, Settlement};
 use crate::queue::{
     Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueOptions, QueueStats,
 };

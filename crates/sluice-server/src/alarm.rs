@@ -17,11 +17,15 @@ use crate::resource_limit::{
     DiskFreeLimit, LimitError, MemoryWatermark, DISK_FREE_LIMIT_DEFAULT_BYTES,
 };
 
-/// How often memory and disk are sampled, in milliseconds. Sampling costs one read of
-/// `/proc/self/status` and one `statvfs`, 80 system calls a second. It has to be short
+/// How often memory and disk are sampled, at most, in milliseconds: near a limit.
+/// Sampling costs one read of `/proc/self/status` and one `statvfs`. It has to be short
 /// enough that publishers cannot fill the disk between two samples: see
-/// [`DISK_FILL_RATE_MAX_BYTES_PER_SEC`].
+/// [`DISK_FILL_RATE_MAX_BYTES_PER_SEC`]. Far from both limits the monitor samples less
+/// often (see [`next_check_in`]), so that an idle node costs next to nothing.
 pub const ALARM_CHECK_INTERVAL_MS: u64 = 25;
+
+/// The longest wait between two samples, however far the limits are.
+pub const ALARM_CHECK_INTERVAL_MAX: Duration = Duration::from_secs(1);
 
 /// [`ALARM_CHECK_INTERVAL_MS`] as a duration.
 pub const ALARM_CHECK_INTERVAL: Duration = Duration::from_millis(ALARM_CHECK_INTERVAL_MS);
@@ -377,20 +381,37 @@ fn return_free_memory() {
     }
 }
 
-/// Samples memory and disk every [`ALARM_CHECK_INTERVAL`], and at once when the limits
-/// change, until the [`AlarmMonitor`] is dropped.
+/// When to sample again: no later than the fastest broker could use up the headroom left
+/// under either limit (memory and disk filling at [`DISK_FILL_RATE_MAX_BYTES_PER_SEC`]),
+/// between [`ALARM_CHECK_INTERVAL`] and [`ALARM_CHECK_INTERVAL_MAX`]. As RabbitMQ's disk
+/// monitor adapts its interval to the space left. A reading the system would not give
+/// counts as no headroom.
+pub fn next_check_in(readings: Readings, limits: &AlarmLimits) -> Duration {
+    let memory_headroom = readings.resident_bytes.map_or(0, |resident| {
+        limits.memory_watermark_bytes.saturating_sub(resident)
+    });
+    let disk_headroom = readings
+        .free_disk_bytes
+        .map_or(0, |free| free.saturating_sub(limits.disk_free_limit_bytes));
+    let headroom = memory_headroom.min(disk_headroom);
+    let until_full =
+        Duration::from_secs_f64(headroom as f64 / DISK_FILL_RATE_MAX_BYTES_PER_SEC as f64);
+    until_full.clamp(ALARM_CHECK_INTERVAL, ALARM_CHECK_INTERVAL_MAX)
+}
+
+/// Samples memory and disk as often as [`next_check_in`] says, and at once when the
+/// limits change, until the [`AlarmMonitor`] is dropped.
 async fn monitor(
     data_dir: PathBuf,
     mut limits: watch::Receiver<AlarmLimits>,
     alarms: watch::Sender<Alarms>,
 ) {
     let mut state = AlarmState::default();
-    let mut interval = tokio::time::interval(ALARM_CHECK_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_check = Duration::ZERO;
     let mut last_trim: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            _ = interval.tick() => {}
+            () = tokio::time::sleep(next_check) => {}
             changed = limits.changed() => {
                 if changed.is_err() {
                     return;
@@ -412,6 +433,7 @@ async fn monitor(
             last_trim = Some(tokio::time::Instant::now());
             readings = Readings::sample(&data_dir);
         }
+        next_check = next_check_in(readings, &current_limits);
         let next = state.update(readings, &current_limits);
         alarms.send_if_modified(|current| {
             let changed = *current != next;
@@ -424,6 +446,41 @@ async fn monitor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alarm_checks_as_often_as_the_headroom_left_requires() {
+        let limits = AlarmLimits::new(
+            MemoryWatermark::Absolute(8_000_000_000),
+            DiskFreeLimit::Absolute(50_000_000),
+            16_000_000_000,
+        )
+        .unwrap();
+        let idle = Readings {
+            resident_bytes: Some(50_000_000),
+            free_disk_bytes: Some(100_000_000_000),
+        };
+        assert_eq!(next_check_in(idle, &limits), ALARM_CHECK_INTERVAL_MAX);
+        // 400 MB of disk left: 2 GB/s fills it in 200 ms.
+        let filling = Readings {
+            free_disk_bytes: Some(450_000_000),
+            ..idle
+        };
+        let wait = next_check_in(filling, &limits);
+        assert!(wait > Duration::from_millis(190) && wait < Duration::from_millis(210));
+        // Over a limit, or unknown: as often as ever.
+        for near in [
+            Readings {
+                resident_bytes: Some(9_000_000_000),
+                ..idle
+            },
+            Readings {
+                free_disk_bytes: None,
+                ..idle
+            },
+        ] {
+            assert_eq!(next_check_in(near, &limits), ALARM_CHECK_INTERVAL);
+        }
+    }
 
     #[test]
     fn alarm_memory_hysteresis_does_not_flap() {

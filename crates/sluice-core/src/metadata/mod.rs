@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{AmqpError, AmqpResult};
-use crate::forwarding::{ForwardHome, Forwarding};
+use crate::queue::forwarding::{ForwardHome, Forwarding};
 use sluice_wire::reply_code::ReplyCode;
 
 /// A proposal on its way through the metadata log.

@@ -7,8 +7,8 @@
 use std::sync::{Arc, Mutex};
 
 use sluice_core::error::{AmqpError, AmqpResult};
-use sluice_core::forwarding::RemoteReply;
 use sluice_core::metadata::{MetadataCommand, Proposal};
+use sluice_core::queue::forwarding::RemoteReply;
 use sluice_wire::reply_code::ReplyCode;
 
 use super::Channel;

@@ -8,10 +8,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use sluice_core::confirm::ForwardedConfirm;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::expiry::NEVER;
-use sluice_core::forwarding::{ForwardedConfirm, QueueKey, Settlement};
 use sluice_core::message::QueuedMessage;
+use sluice_core::queue::forwarding::{QueueKey, Settlement};
 use sluice_core::queue::{ConnectionId, Consumer, MessageId, Queue, QueueStats};
 use sluice_wire::reply_code::ReplyCode;
 use tokio::sync::oneshot;

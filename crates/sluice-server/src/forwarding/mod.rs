@@ -1,6 +1,6 @@
 //! Forwarding: clients use any queue through any node. Operations on a
 //! queue homed on another node travel there over the link, and deliveries
-//! and answers come back (see [`sluice_core::forwarding`] for what holds
+//! and answers come back (see [`sluice_core::queue::forwarding`] for what holds
 //! across it).
 //!
 //! Per peer, everything under way lives in a [`Session`] tied to one link:
@@ -29,8 +29,8 @@ use sluice_cluster::node_name::NodeName;
 use sluice_core::broker::Broker;
 use sluice_core::confirm::PendingSafety;
 use sluice_core::error::AmqpError;
-use sluice_core::forwarding::{ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement};
 use sluice_core::message::{Message, QueuedMessage};
+use sluice_core::queue::forwarding::{ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement};
 use sluice_core::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
 use tokio::sync::{mpsc, watch, Notify};
 

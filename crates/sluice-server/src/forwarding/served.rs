@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use sluice_core::broker::Broker;
 use sluice_core::confirm::{ConfirmStatus, ConfirmTicket};
 use sluice_core::error::AmqpError;
-use sluice_core::forwarding::{QueueKey, Settlement};
 use sluice_core::message::{Message, QueuedMessage};
+use sluice_core::queue::forwarding::{QueueKey, Settlement};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, PublishOutcome, Queue};
 
 use super::lane::Lane;

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use sluice_core::forwarding::{QueueKey, Settlement};
 use sluice_core::message::Message;
+use sluice_core::queue::forwarding::{QueueKey, Settlement};
 use sluice_wire::content::RawProperties;
 
 /// The link channel that carries forwarded queue operations.

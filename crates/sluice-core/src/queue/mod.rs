@@ -23,9 +23,11 @@ use crate::confirm::PendingSafety;
 use crate::counters::MessageCounts;
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
-use crate::forwarding::{ForwardHome, QueueKey};
 use crate::message::{Message, QueuedMessage};
 use crate::queue_type::QueueType;
+use forwarding::{ForwardHome, QueueKey};
+
+pub mod forwarding;
 
 /// Identifies a connection within this node, for exclusive queues and
 /// exclusive consumers.

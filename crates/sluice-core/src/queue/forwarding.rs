@@ -13,10 +13,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crate::confirm::ConfirmStatus;
 use crate::error::AmqpResult;
 use crate::message::{Message, QueuedMessage};
 use crate::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
@@ -115,35 +113,4 @@ pub trait ForwardHome: Send + Sync {
 
     /// The queue's counts, for queue.declare-ok and queue.delete-ok.
     fn stats(&self, key: QueueKey) -> RemoteReply<QueueStats>;
-}
-
-/// The home node's word on one forwarded publish, set once.
-#[derive(Default)]
-pub struct ForwardedConfirm(AtomicU8);
-
-const PENDING: u8 = 0;
-const CONFIRMED: u8 = 1;
-const REFUSED: u8 = 2;
-
-impl ForwardedConfirm {
-    pub fn confirm(&self) {
-        let _ = self
-            .0
-            .compare_exchange(PENDING, CONFIRMED, Ordering::AcqRel, Ordering::Acquire);
-    }
-
-    /// Refused by the home node, or lost with the link to it.
-    pub fn refuse(&self) {
-        let _ = self
-            .0
-            .compare_exchange(PENDING, REFUSED, Ordering::AcqRel, Ordering::Acquire);
-    }
-
-    pub fn status(&self) -> ConfirmStatus {
-        match self.0.load(Ordering::Acquire) {
-            PENDING => ConfirmStatus::Pending,
-            CONFIRMED => ConfirmStatus::Confirmed,
-            _ => ConfirmStatus::Refused,
-        }
-    }
 }
