@@ -164,6 +164,8 @@ pub enum ArgumentError {
     UnsupportedQueueType(String),
     /// A queue type RabbitMQ knows but this node cannot create yet.
     QueueTypeNotSupportedHere(String),
+    /// `"unsupported queue leader locator 'NAME'"`
+    UnsupportedLeaderLocator(String),
 }
 
 impl std::fmt::Display for ArgumentError {
@@ -190,6 +192,9 @@ impl std::fmt::Display for ArgumentError {
             }
             ArgumentError::UnsupportedQueueType(kind) => {
                 write!(formatter, "\"unsupported queue type '{kind}'\"")
+            }
+            ArgumentError::UnsupportedLeaderLocator(name) => {
+                write!(formatter, "\"unsupported queue leader locator '{name}'\"")
             }
             ArgumentError::QueueTypeNotSupportedHere(kind) => write!(
                 formatter,
@@ -219,6 +224,7 @@ const DECLARE_CHECKS: &[(&str, Check)] = &[
     ("x-single-active-consumer", check_bool),
     ("x-queue-type", check_queue_type),
     ("x-quorum-initial-group-size", check_positive),
+    ("x-queue-leader-locator", check_leader_locator),
 ];
 
 /// basic.consume arguments RabbitMQ validates.
@@ -374,6 +380,14 @@ fn check_queue_mode(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentErr
         Ok(())
     } else {
         Err(ArgumentError::UnsupportedQueueMode(text))
+    }
+}
+
+fn check_leader_locator(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentError> {
+    let text = as_text(value).ok_or(ArgumentError::UnacceptableType(type_name(value)))?;
+    match crate::queue_location::QueueLocator::parse(&text) {
+        Some(_) => Ok(()),
+        None => Err(ArgumentError::UnsupportedLeaderLocator(text)),
     }
 }
 

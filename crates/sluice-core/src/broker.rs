@@ -9,6 +9,7 @@ use crate::definitions::DefinitionStore;
 use crate::metadata::{MetadataProposer, NodeIdentity};
 use crate::policy::{Policy, VhostPolicies};
 use crate::queue::ConnectionId;
+use crate::queue_location::QueueLocator;
 use crate::reply_to::ReplyRegistry;
 use crate::vhost::{RecoveryError, VhostServices, VirtualHost};
 
@@ -46,6 +47,9 @@ pub struct BrokerSettings {
     /// connection id names one connection in the whole cluster (exclusive
     /// queues are checked against it on every node).
     pub node_number: u16,
+    /// Where new classic queues live unless their declaration says
+    /// (`queue_leader_locator`).
+    pub queue_locator: QueueLocator,
 }
 
 pub struct Broker {
@@ -62,6 +66,7 @@ pub struct Broker {
     policies: HashMap<String, VhostPolicies>,
     /// Direct reply-to consumers, by the token in their reply names.
     pub reply_to: Arc<ReplyRegistry>,
+    queue_locator: QueueLocator,
 }
 
 impl Broker {
@@ -95,6 +100,7 @@ impl Broker {
                 .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
                 .collect(),
             reply_to: Arc::new(ReplyRegistry::default()),
+            queue_locator: settings.queue_locator,
         };
         broker.add_vhost(&settings.default_vhost);
         broker.add_user(
@@ -152,6 +158,7 @@ impl Broker {
                     reply_to: Arc::clone(&self.reply_to),
                     node: self.node.clone(),
                     metadata: Arc::clone(&self.metadata),
+                    queue_locator: self.queue_locator,
                 },
             );
             if self.starting.load(Ordering::Acquire) {
@@ -244,6 +251,7 @@ mod tests {
             policies: Vec::new(),
             node: NodeIdentity::new(NodeIdentity::STANDALONE),
             node_number: 0,
+            queue_locator: Default::default(),
         })
     }
 

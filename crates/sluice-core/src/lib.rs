@@ -57,6 +57,7 @@ pub mod queue;
 pub mod queue_factory;
 pub mod queue_journal;
 pub mod queue_limits;
+pub mod queue_location;
 pub mod queue_timer;
 pub mod queue_type;
 pub mod ready;

@@ -48,6 +48,7 @@ mod tests {
             policies: Vec::new(),
             node: NodeIdentity::new(name),
             node_number: 0,
+            queue_locator: Default::default(),
         })
     }
 

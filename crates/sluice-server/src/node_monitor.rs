@@ -29,6 +29,16 @@ impl NodeLiveness for LinkLiveness {
         };
         *links.node() == node || matches!(links.peer_state(&node), Some(PeerState::Up))
     }
+
+    fn members(&self) -> Vec<String> {
+        let Some(links) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        std::iter::once(links.node())
+            .chain(links.peers())
+            .map(ToString::to_string)
+            .collect()
+    }
 }
 
 /// Starts watching: a task per peer and one for leadership, all ending

@@ -27,12 +27,12 @@ use crate::config::Config;
 use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
+use crate::forwarding::NodeForwarding;
 use crate::in_flight::InFlightBytes;
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
 use crate::node_monitor;
-use crate::forwarding::NodeForwarding;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
@@ -479,6 +479,7 @@ fn open_broker(
                 .unwrap_or_default(),
             node,
             node_number,
+            queue_locator: config.queue_leader_locator,
         },
         Some(Arc::clone(store)),
     )

@@ -302,3 +302,67 @@ async fn cluster_queue_whose_node_dies_cancels_remote_consumers_and_returns_with
         node.kill();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_queue_balanced_locator_spreads_queues_over_the_nodes() {
+    let mut nodes = started("balanced");
+    let (first, on_first) = channel_on(&nodes[0]).await;
+    let mut balanced = FieldTable::default();
+    balanced.insert(
+        "x-queue-leader-locator".into(),
+        lapin::types::AMQPValue::LongString("balanced".into()),
+    );
+    // Each goes to the running node with the fewest queues: a tie keeps it
+    // on the declaring node, then goes by name.
+    for name in ["spread-1", "spread-2", "spread-3"] {
+        on_first
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                balanced.clone(),
+            )
+            .await
+            .expect("declared");
+    }
+    // An unknown locator is refused as RabbitMQ refuses it.
+    let mut unknown = FieldTable::default();
+    unknown.insert(
+        "x-queue-leader-locator".into(),
+        lapin::types::AMQPValue::LongString("nearest".into()),
+    );
+    let refused = first
+        .create_channel()
+        .await
+        .unwrap()
+        .queue_declare("spread-x".into(), QueueDeclareOptions::default(), unknown)
+        .await
+        .expect_err("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("invalid arg 'x-queue-leader-locator'"),
+        "{refused}"
+    );
+
+    // With node 3 gone, its queue answers for it; the others still serve.
+    nodes[2].kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (name, on_third) in [("spread-1", false), ("spread-2", false), ("spread-3", true)] {
+        let channel = first.create_channel().await.unwrap();
+        let got = channel
+            .basic_get(name.into(), BasicGetOptions::default())
+            .await;
+        match got {
+            Ok(got) => assert!(!on_third && got.is_none(), "{name} is served"),
+            Err(error) => {
+                assert!(on_third, "{name}: {error}");
+                assert!(error.to_string().contains(&nodes[2].name), "{error}");
+            }
+        }
+    }
+    nodes[0].kill();
+    nodes[1].kill();
+}

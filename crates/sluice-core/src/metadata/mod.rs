@@ -66,6 +66,9 @@ impl NodeIdentity {
 /// them.
 pub trait NodeLiveness: Send + Sync {
     fn is_up(&self, node: &str) -> bool;
+
+    /// Every member of the cluster, this node included.
+    fn members(&self) -> Vec<String>;
 }
 
 /// The node's way into the metadata log, installed once the log is up, and
@@ -107,6 +110,19 @@ impl MetadataProposer {
     /// The way to the queues homed on `node`, once installed.
     pub fn forward_home(&self, node: &str) -> Option<Arc<dyn ForwardHome>> {
         self.forwarding.get()?.home(node)
+    }
+
+    /// The members of the cluster that are up now, `local` among them; just
+    /// `local` in a cluster of one.
+    pub fn running_nodes(&self, local: &str) -> Vec<String> {
+        match self.liveness.get() {
+            Some(liveness) => liveness
+                .members()
+                .into_iter()
+                .filter(|node| node == local || liveness.is_up(node))
+                .collect(),
+            None => vec![local.to_owned()],
+        }
     }
 
     pub fn is_installed(&self) -> bool {

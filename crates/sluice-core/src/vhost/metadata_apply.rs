@@ -14,6 +14,7 @@ use crate::error::AmqpResult;
 use crate::exchange::{Binding, Destination, ExchangeKind};
 use crate::queue::{ConnectionId, Queue, QueueOptions};
 use crate::queue_factory::create_queue;
+use crate::queue_location::QueueLocator;
 use crate::remote_queue::{RemoteQueue, Unreachable};
 
 /// A durable queue of this node that could not be brought back at start.
@@ -47,10 +48,43 @@ impl VirtualHost {
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments.clone(),
             exclusive_owner: declaration.exclusive.then_some(connection_id),
-            home: Some(self.node.name.to_string()),
+            home: Some(self.home_for_new_queue(declaration)),
             home_incarnation: self.node.incarnation,
             declared_at: 0,
         }
+    }
+
+    /// Where a queue about to be declared through this node lives: by its
+    /// `x-queue-leader-locator`, else the node's locator (see
+    /// [`crate::queue_location`]). An exclusive queue lives with its
+    /// connection, always. `balanced` counts the queues of this vhost.
+    fn home_for_new_queue(&self, declaration: &QueueDeclaration<'_>) -> String {
+        let local = self.node.name.to_string();
+        if declaration.exclusive {
+            return local;
+        }
+        let locator = declaration
+            .arguments
+            .inner()
+            .get("x-queue-leader-locator")
+            .and_then(QueueLocator::of_argument)
+            .unwrap_or(self.queue_locator);
+        if locator == QueueLocator::ClientLocal {
+            return local;
+        }
+        let mut running: Vec<(String, usize)> = self
+            .metadata
+            .running_nodes(&local)
+            .into_iter()
+            .map(|node| (node, 0))
+            .collect();
+        for queue in read(&self.queues).values() {
+            let home = queue.home_node().map_or(local.as_str(), |home| &**home);
+            if let Some((_, count)) = running.iter_mut().find(|(node, _)| node == home) {
+                *count += 1;
+            }
+        }
+        locator.choose(&local, &running, |count| rand::random_range(0..count))
     }
 
     /// Creates the queue `definition` describes, or checks an existing one

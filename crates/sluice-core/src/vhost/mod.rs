@@ -37,6 +37,7 @@ use crate::policy::{
 };
 use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOptions};
 use crate::queue_factory::QueueSpec;
+use crate::queue_location::QueueLocator;
 use crate::reply_to::ReplyRegistry;
 use topology::{TopologyVersion, TopologyWrite};
 
@@ -136,6 +137,7 @@ pub struct VirtualHost {
     /// Where changes the vhost decides itself (an expired queue, an
     /// exclusive queue whose connection closed) are proposed.
     metadata: Arc<MetadataProposer>,
+    queue_locator: QueueLocator,
     /// While the node starts, queues made by replaying the metadata log
     /// wait here to start their timers until every binding is back: a
     /// message that expired while the node was down is due at once, and
@@ -152,6 +154,8 @@ pub struct VhostServices {
     pub reply_to: Arc<ReplyRegistry>,
     pub node: NodeIdentity,
     pub metadata: Arc<MetadataProposer>,
+    /// Where new classic queues live unless their declaration says.
+    pub queue_locator: QueueLocator,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -178,6 +182,7 @@ impl VirtualHost {
                 reply_to: Arc::new(ReplyRegistry::default()),
                 node: NodeIdentity::new(NodeIdentity::STANDALONE),
                 metadata: Arc::default(),
+                queue_locator: QueueLocator::default(),
             },
         )
     }
@@ -201,6 +206,7 @@ impl VirtualHost {
             counters: ShardedCounters::default(),
             node: services.node,
             metadata: services.metadata,
+            queue_locator: services.queue_locator,
             deferred_timers: Mutex::new(None),
         });
         let standard = [

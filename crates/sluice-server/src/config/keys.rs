@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use sluice_core::queue_location::QueueLocator;
+
 use super::units::{
     parse_bytesize, parse_credit, parse_information_unit, parse_listener, INFORMATION_UNIT_EXAMPLES,
 };
@@ -111,6 +113,9 @@ fn connection_key(config: &mut Config, key: &str, value: &str) -> Applied {
             .filter(|ms| *ms > 0)
             .map(|ms| config.handshake_timeout_ms = ms)
             .ok_or_else(|| "expected a positive number of milliseconds".to_owned()),
+        "queue_leader_locator" => QueueLocator::parse(value)
+            .map(|locator| config.queue_leader_locator = locator)
+            .ok_or_else(|| "expected `client-local` or `balanced`".to_owned()),
         "connection_max" => match value {
             "infinity" => {
                 config.connection_max = None;

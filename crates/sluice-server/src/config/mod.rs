@@ -84,6 +84,9 @@ pub struct Config {
     /// the default: then the file descriptors the process may open set the
     /// bound.
     pub connection_max: Option<usize>,
+    /// Where new classic queues live unless declared with
+    /// `x-queue-leader-locator` (`queue_leader_locator`).
+    pub queue_leader_locator: sluice_core::queue_location::QueueLocator,
     /// Log level (`log.console.level`): one of RabbitMQ's levels `debug`, `info`, `notice`,
     /// `warning`, `error`, `critical`, `alert`, `emergency`, `none`. Default `info`.
     pub log_level: String,
@@ -149,6 +152,7 @@ impl Default for Config {
             delivery_buffer_total_max: DELIVERY_BUFFER_TOTAL_MAX_DEFAULT,
             handshake_timeout_ms: 10_000,
             connection_max: None,
+            queue_leader_locator: sluice_core::queue_location::QueueLocator::ClientLocal,
             log_level: "info".to_owned(),
             vm_memory_high_watermark_relative: None,
             vm_memory_high_watermark_absolute_bytes: None,

@@ -22,6 +22,7 @@ const KNOWN_KEYS: &[&str] = &[
     "delivery_buffer_total_max",
     "handshake_timeout",
     "connection_max",
+    "queue_leader_locator",
     "log.console.level",
     "vm_memory_high_watermark.relative",
     "vm_memory_high_watermark.absolute",

@@ -253,6 +253,23 @@ fn max_message_size() {
 }
 
 #[test]
+fn queue_leader_locator() {
+    use sluice_core::queue_location::QueueLocator;
+    assert_eq!(
+        Config::default().queue_leader_locator,
+        QueueLocator::ClientLocal
+    );
+    assert_eq!(
+        parse("queue_leader_locator = balanced")
+            .unwrap()
+            .queue_leader_locator,
+        QueueLocator::Balanced
+    );
+    assert!(error("queue_leader_locator = nearest")
+        .starts_with("line 1: invalid value 'nearest' for 'queue_leader_locator'"));
+}
+
+#[test]
 fn connection_max() {
     assert_eq!(Config::default().connection_max, None);
     assert_eq!(
