@@ -135,4 +135,19 @@ impl MetadataLog for RaftMetadataLog {
     fn is_replicated(&self) -> bool {
         self.replicated
     }
+
+    fn applied_index(&self) -> u64 {
+        self.group.applied_index()
+    }
+
+    fn wait_applied(&self, index: u64) -> Proposal {
+        let group = Arc::clone(&self.group);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            group
+                .wait_applied(index, timeout)
+                .await
+                .map_err(not_committed)
+        })
+    }
 }

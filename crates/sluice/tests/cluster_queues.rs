@@ -258,8 +258,8 @@ async fn cluster_queue_whose_node_dies_cancels_remote_consumers_and_returns_with
     assert!(ended.is_ok(), "the remote consumer was cancelled");
 
     // While it is down: RabbitMQ's 404 for the queue.
-    let (_third, on_third) = channel_on(&nodes[2]).await;
-    let error = on_third
+    let (third, onthird) = channel_on(&nodes[2]).await;
+    let error = onthird
         .basic_get("ledger".into(), BasicGetOptions::default())
         .await
         .expect_err("the queue's node is down");
@@ -267,14 +267,41 @@ async fn cluster_queue_whose_node_dies_cancels_remote_consumers_and_returns_with
         error.to_string().contains("is down or inaccessible"),
         "{error}"
     );
+    // A message routed only to it is unroutable: mandatory returns it, and
+    // the confirm is an ack, as for any unroutable message.
+    let publisher = third.create_channel().await.unwrap();
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let confirmation = publisher
+        .basic_publish(
+            "".into(),
+            "ledger".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"lost?",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirmation.is_ack());
+    assert!(
+        confirmation.take_message().is_some(),
+        "returned as unroutable"
+    );
 
     // Back with its node, every message still there: the 10 delivered to
     // the cancelled consumer were never acked.
     nodes[0].start();
-    let (_again, on_third) = channel_on(&nodes[2]).await;
+    let (again, onthird) = channel_on(&nodes[2]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let channel = _again.create_channel().await.unwrap();
+        let channel = again.create_channel().await.unwrap();
         let counted = channel
             .queue_declare(
                 "ledger".into(),
@@ -292,7 +319,7 @@ async fn cluster_queue_whose_node_dies_cancels_remote_consumers_and_returns_with
         assert!(std::time::Instant::now() < deadline, "the queue came back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut deliveries = consumer(&on_third, "ledger", 50).await;
+    let mut deliveries = consumer(&onthird, "ledger", 50).await;
     for expected in 0..50 {
         let delivery = next_delivery(&mut deliveries).await;
         assert_eq!(number(&delivery), expected);

@@ -38,6 +38,13 @@ pub trait MetadataLog: Send + Sync {
     /// Whether other nodes share the log: only then can this node's copy
     /// lag a change that was already answered.
     fn is_replicated(&self) -> bool;
+
+    /// The index of the last entry applied on this node.
+    fn applied_index(&self) -> u64;
+
+    /// Resolves once this node has applied the entry at `index` (an entry
+    /// another node already applied), or fails after the log's bound.
+    fn wait_applied(&self, index: u64) -> Proposal;
 }
 
 /// This node, as the metadata names it.
@@ -143,6 +150,19 @@ impl MetadataProposer {
     pub fn sync(&self) -> Proposal {
         match self.log.get() {
             Some(log) => log.sync(),
+            None => Box::pin(std::future::ready(Ok(()))),
+        }
+    }
+
+    /// See [`MetadataLog::applied_index`]; 0 without a log.
+    pub fn applied_index(&self) -> u64 {
+        self.log.get().map_or(0, |log| log.applied_index())
+    }
+
+    /// See [`MetadataLog::wait_applied`]; nothing to wait for without a log.
+    pub fn wait_applied(&self, index: u64) -> Proposal {
+        match self.log.get() {
+            Some(log) => log.wait_applied(index),
             None => Box::pin(std::future::ready(Ok(()))),
         }
     }

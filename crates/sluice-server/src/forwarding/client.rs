@@ -57,6 +57,10 @@ pub struct ClientSide {
     pub in_flight_bytes: usize,
     proxies: HashMap<u64, Proxy>,
     requests: HashMap<u64, RequestReply>,
+    /// The link ended: whatever a caller that still held the session
+    /// starts now fails at once rather than wait for an answer that will
+    /// never come.
+    ended: bool,
 }
 
 impl ClientSide {
@@ -70,8 +74,12 @@ impl ClientSide {
     }
 
     pub fn publish(&mut self, lane: &Lane, op: &Op, bytes: usize) -> Arc<ForwardedConfirm> {
-        self.published += 1;
         let confirm = Arc::new(ForwardedConfirm::default());
+        if self.ended {
+            confirm.refuse();
+            return confirm;
+        }
+        self.published += 1;
         self.in_flight.push_back(InFlight {
             sequence: self.published,
             confirm: Arc::clone(&confirm),
@@ -107,6 +115,10 @@ impl ClientSide {
     ) -> oneshot::Receiver<AmqpResult<()>> {
         let id = self.next_id();
         let (started, reply) = oneshot::channel();
+        if self.ended {
+            // Dropped: the caller hears that the home node is gone.
+            return reply;
+        }
         lane.send(&Op::Consume(super::wire::ConsumeRequest {
             consumer: id,
             key: key.clone(),
@@ -165,6 +177,9 @@ impl ClientSide {
     pub fn request(&mut self, lane: &Lane, make: impl FnOnce(u64) -> Op) -> oneshot::Receiver<Op> {
         let id = self.next_id();
         let (reply, receiver) = oneshot::channel();
+        if self.ended {
+            return receiver;
+        }
         self.requests.insert(id, reply);
         lane.send(&make(id));
         receiver
@@ -270,6 +285,7 @@ impl ClientSide {
     /// under way fails with `error`; returns the consumers that had
     /// started, for basic.cancel.
     pub fn end(&mut self, error: &AmqpError) -> Vec<Arc<Consumer>> {
+        self.ended = true;
         for in_flight in self.in_flight.drain(..) {
             in_flight.confirm.refuse();
         }

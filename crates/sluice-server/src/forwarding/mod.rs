@@ -503,6 +503,33 @@ async fn follow_link(
     }
 }
 
+/// A peer names queues by the metadata entry that declared them, which it
+/// applied before it sent the operation; this node may not have yet. Wait
+/// for it here, before the operation finds no queue (a publish would be
+/// dropped, a consume refused): the entry is committed, so it comes soon.
+/// Waiting holds up every peer's operations, for as long as this node lags
+/// the metadata log, and at most the log's bound.
+async fn catch_up_with(broker: &Broker, op: &Op) {
+    let newest = match op {
+        Op::Publish { targets, .. } => targets.iter().map(|key| key.declared_at).max(),
+        Op::Consume(request) => Some(request.key.declared_at),
+        Op::Settle { key, .. }
+        | Op::Get { key, .. }
+        | Op::Purge { key, .. }
+        | Op::Stats { key, .. } => Some(key.declared_at),
+        _ => None,
+    };
+    let Some(newest) = newest else {
+        return;
+    };
+    if newest <= broker.metadata.applied_index() {
+        return;
+    }
+    if let Err(error) = broker.metadata.wait_applied(newest).await {
+        tracing::warn!(%error, index = newest, "a forwarded operation names a queue this node has not caught up with");
+    }
+}
+
 /// Hands every record from every peer to its session, in order.
 async fn receive(forwarding: Arc<NodeForwarding>, mut frames: mpsc::Receiver<Received>) {
     while let Some(frame) = frames.recv().await {
@@ -521,7 +548,10 @@ async fn receive(forwarding: Arc<NodeForwarding>, mut frames: mpsc::Receiver<Rec
         }
         for record in records {
             match Op::decode(record) {
-                Ok(op) => peer.receive(&session, op),
+                Ok(op) => {
+                    catch_up_with(&peer.broker, &op).await;
+                    peer.receive(&session, op);
+                }
                 Err(error) => {
                     tracing::error!(peer = %peer.peer, %error, "dropping the forwarding session");
                     peer.end_session(&session);

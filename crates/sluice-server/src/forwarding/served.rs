@@ -10,7 +10,7 @@
 //! lock held, so nothing here calls a queue while holding one of these.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use sluice_core::broker::Broker;
@@ -66,6 +66,10 @@ pub struct Served {
     /// what is here when the link goes down is requeued.
     outstanding: Mutex<HashMap<QueueKey, HashMap<MessageId, u64>>>,
     answers: Mutex<Answers>,
+    /// Set first when the link ends: what a peer's operation still under
+    /// way adds after that (a consumer, a message out) is undone at once,
+    /// so nothing outlives the session.
+    ended: AtomicBool,
 }
 
 impl Served {
@@ -76,6 +80,7 @@ impl Served {
             consumers: Mutex::new(HashMap::new()),
             outstanding: Mutex::new(HashMap::new()),
             answers: Mutex::new(Answers::default()),
+            ended: AtomicBool::new(false),
         }
     }
 
@@ -195,6 +200,11 @@ impl Served {
             })
         });
         match added {
+            Ok(()) if self.ended.load(Ordering::SeqCst) => {
+                if let Some(served) = lock(&self.consumers).remove(&request.consumer) {
+                    self.remove_from_queue(&served);
+                }
+            }
             Ok(()) => queue.dispatch(),
             Err(error) => {
                 lock(&self.consumers).remove(&request.consumer);
@@ -299,11 +309,9 @@ impl Served {
         queue.touch();
         match queue.get(no_ack) {
             Some((entry, remaining)) => {
-                if !no_ack {
-                    lock(&self.outstanding)
-                        .entry(key.clone())
-                        .or_default()
-                        .insert(entry.offset, 0);
+                if !no_ack && !self.hold(key, entry.offset, 0) {
+                    queue.requeue(&[entry.offset]);
+                    return;
                 }
                 self.lane.send(&Op::GetOk {
                     request,
@@ -341,6 +349,20 @@ impl Served {
         }
     }
 
+    /// Records a message as out with the peer's client `consumer` (0 for
+    /// basic.get); false once the session ended, when it must go back.
+    fn hold(&self, key: &QueueKey, message: MessageId, consumer: u64) -> bool {
+        let mut outstanding = lock(&self.outstanding);
+        if self.ended.load(Ordering::SeqCst) {
+            return false;
+        }
+        outstanding
+            .entry(key.clone())
+            .or_default()
+            .insert(message, consumer);
+        true
+    }
+
     /// Lets every queue with a consumer of the peer deliver again (the
     /// lane drained after refusing a delivery).
     pub fn dispatch_all(&self) {
@@ -357,6 +379,10 @@ impl Served {
     /// messages its clients held go back, as when a client connection
     /// dies.
     pub fn end(&self) {
+        {
+            let _outstanding = lock(&self.outstanding);
+            self.ended.store(true, Ordering::SeqCst);
+        }
         let consumers: Vec<ServedConsumer> = lock(&self.consumers)
             .drain()
             .map(|(_, served)| served)
@@ -402,11 +428,8 @@ impl DeliverySink for ProxySink {
         }
         // Recorded before it is sent: the peer's ack may come back before
         // this thread runs again.
-        if !consumer.no_ack {
-            lock(&served.outstanding)
-                .entry(self.key.clone())
-                .or_default()
-                .insert(entry.offset, self.consumer);
+        if !consumer.no_ack && !served.hold(&self.key, entry.offset, self.consumer) {
+            return false;
         }
         let sent = served.lane.send_delivery(&Op::Deliver {
             consumer: self.consumer,
