@@ -302,9 +302,12 @@ async fn paging_compaction_frees_segments_pinned_by_one_unacked_message() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
+    // What may stay: a run shorter than compaction bothers with (the moved
+    // copy's segment and segments of acks written after it) and the head.
+    let allowed = sluice_core::queue_journal::COMPACTION_RUN_SEGMENTS_MIN as usize;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut after = files_under(&queue_dir);
-    while after > 3 {
+    while after > allowed {
         assert!(
             Instant::now() < deadline,
             "one unacked message still pins {after} segments of {before}"
