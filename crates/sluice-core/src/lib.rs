@@ -60,6 +60,7 @@ pub mod queue_limits;
 pub mod queue_location;
 pub mod queue_timer;
 pub mod queue_type;
+pub mod quorum_queue;
 pub mod ready;
 pub mod remote_queue;
 pub mod reply_to;

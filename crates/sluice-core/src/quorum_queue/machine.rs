@@ -1,0 +1,456 @@
+//! A quorum queue's state: a pure, deterministic machine that every member
+//! applies to the same log in the same order, as RabbitMQ's `rabbit_fifo`.
+//! It holds no bodies (a message is the index of the entry that enqueued
+//! it) and does no I/O; time is the log's, carried in each entry.
+//!
+//! Messages wait in `ready` (index order) or in `returned` (messages that
+//! went back after a delivery, served first, in the order they came back).
+//! A consumer holds what it was given until it settles, returns or
+//! discards it, within its prefetch. Consumers are served by priority, and
+//! round-robin within one priority; with single active consumer, only the
+//! earliest consumer still subscribed is served.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{
+    Command, ConsumerId, ConsumerSpec, DeadLetterReason, DeliveryId, Effect, MessageRef, Overflow,
+    QueueConfig, Reply,
+};
+
+/// What becomes of a settled message.
+enum Fate {
+    /// Acked (or never to come back): gone.
+    Gone,
+    /// Back among the ready messages.
+    Requeued,
+    /// Out, to be dead-lettered for a reason.
+    Dropped(DeadLetterReason, MessageRef),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct ConsumerState {
+    spec: ConsumerSpec,
+    checked_out: BTreeMap<DeliveryId, MessageRef>,
+    next_delivery: DeliveryId,
+    cancelled: bool,
+    /// When it subscribed (the order single active consumer goes by).
+    joined: u64,
+    /// When it was last given a message (round-robin goes by it).
+    last_served: u64,
+}
+
+impl ConsumerState {
+    fn has_credit(&self) -> bool {
+        !self.cancelled
+            && (self.spec.no_ack
+                || self.spec.prefetch == 0
+                || self.checked_out.len() < self.spec.prefetch as usize)
+    }
+}
+
+/// Counts at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineStats {
+    pub messages_ready: u64,
+    pub ready_bytes: u64,
+    pub messages_unacknowledged: u64,
+    pub consumers: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMachine {
+    config: QueueConfig,
+    ready: VecDeque<MessageRef>,
+    returned: VecDeque<MessageRef>,
+    ready_bytes: u64,
+    #[serde(with = "as_pairs")]
+    consumers: BTreeMap<ConsumerId, ConsumerState>,
+    /// The last sequence number taken from each publisher that numbers
+    /// its messages.
+    publishers: BTreeMap<u64, u64>,
+    /// Indexes of the messages still in the queue (ready, returned or
+    /// held): the oldest is the release cursor.
+    live: BTreeSet<u64>,
+    /// Counts consumers subscribing and messages handed out, for the
+    /// orders above.
+    clock: u64,
+    last_index: u64,
+    now_ms: u64,
+}
+
+impl QueueMachine {
+    pub fn new(config: QueueConfig) -> Self {
+        QueueMachine {
+            config,
+            ready: VecDeque::new(),
+            returned: VecDeque::new(),
+            ready_bytes: 0,
+            consumers: BTreeMap::new(),
+            publishers: BTreeMap::new(),
+            live: BTreeSet::new(),
+            clock: 0,
+            last_index: 0,
+            now_ms: 0,
+        }
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// The rules changed (a policy): they apply from the next entry on.
+    pub fn set_config(&mut self, config: QueueConfig) {
+        self.config = config;
+    }
+
+    pub fn stats(&self) -> MachineStats {
+        MachineStats {
+            messages_ready: (self.ready.len() + self.returned.len()) as u64,
+            ready_bytes: self.ready_bytes,
+            messages_unacknowledged: self
+                .consumers
+                .values()
+                .map(|consumer| consumer.checked_out.len() as u64)
+                .sum(),
+            consumers: self
+                .consumers
+                .values()
+                .filter(|consumer| !consumer.cancelled)
+                .count() as u32,
+        }
+    }
+
+    /// The oldest log index still needed: every entry before it may be
+    /// dropped from the log (its message is gone).
+    pub fn release_cursor(&self) -> u64 {
+        self.live.first().copied().unwrap_or(self.last_index + 1)
+    }
+
+    /// The consumer that gets messages in a single-active-consumer queue.
+    pub fn active_consumer(&self) -> Option<&ConsumerId> {
+        self.consumers
+            .iter()
+            .filter(|(_, consumer)| !consumer.cancelled)
+            .min_by_key(|(_, consumer)| consumer.joined)
+            .map(|(id, _)| id)
+    }
+
+    /// Applies the entry at `index`, written at log time `time_ms`.
+    pub fn apply(&mut self, index: u64, time_ms: u64, command: Command) -> (Reply, Vec<Effect>) {
+        self.last_index = self.last_index.max(index);
+        self.now_ms = self.now_ms.max(time_ms);
+        let mut effects = Vec::new();
+        let reply = match command {
+            Command::Enqueue {
+                publisher,
+                size,
+                ttl_ms,
+            } => self.enqueue(index, publisher, size, ttl_ms),
+            Command::Checkout { consumer, spec } => {
+                self.clock += 1;
+                let joined = self.clock;
+                let state = self
+                    .consumers
+                    .entry(consumer)
+                    .or_insert_with(|| ConsumerState {
+                        spec: spec.clone(),
+                        checked_out: BTreeMap::new(),
+                        next_delivery: 0,
+                        cancelled: false,
+                        joined,
+                        last_served: 0,
+                    });
+                state.spec = spec;
+                state.cancelled = false;
+                Reply::Ok
+            }
+            Command::Cancel { consumer } => match self.consumers.get_mut(&consumer) {
+                Some(state) => {
+                    state.cancelled = true;
+                    if state.checked_out.is_empty() {
+                        self.consumers.remove(&consumer);
+                    }
+                    Reply::Ok
+                }
+                None => Reply::Unknown,
+            },
+            Command::Settle {
+                consumer,
+                deliveries,
+            } => self.settle(&consumer, &deliveries, |_, _| Fate::Gone, &mut effects),
+            Command::Return {
+                consumer,
+                deliveries,
+            } => self.settle(
+                &consumer,
+                &deliveries,
+                |machine, message| machine.put_back(message),
+                &mut effects,
+            ),
+            Command::Discard {
+                consumer,
+                deliveries,
+            } => self.settle(
+                &consumer,
+                &deliveries,
+                |_, message| Fate::Dropped(DeadLetterReason::Rejected, message),
+                &mut effects,
+            ),
+            Command::ConnectionDown { connection } => {
+                let gone: Vec<ConsumerId> = self
+                    .consumers
+                    .keys()
+                    .filter(|consumer| consumer.connection == connection)
+                    .cloned()
+                    .collect();
+                for consumer in gone {
+                    if let Some(state) = self.consumers.remove(&consumer) {
+                        for message in state.checked_out.into_values() {
+                            if let Fate::Dropped(reason, message) = self.put_back(message) {
+                                self.drop_message(reason, message, &mut effects);
+                            }
+                        }
+                    }
+                }
+                self.publishers
+                    .retain(|publisher, _| publisher >> 16 != connection);
+                Reply::Ok
+            }
+            Command::Purge => {
+                let purged = (self.ready.len() + self.returned.len()) as u64;
+                for message in self.ready.drain(..).chain(self.returned.drain(..)) {
+                    self.live.remove(&message.index);
+                }
+                self.ready_bytes = 0;
+                Reply::Purged(purged)
+            }
+            Command::Tick => Reply::Ok,
+        };
+        self.expire_head(&mut effects);
+        self.serve(&mut effects);
+        self.drop_over_limit(&mut effects);
+        (reply, effects)
+    }
+
+    /// `drop-head`: past a length limit, the oldest ready messages go
+    /// (after consumers took what they could), whether the queue grew by
+    /// an enqueue or by messages coming back.
+    fn drop_over_limit(&mut self, effects: &mut Vec<Effect>) {
+        if self.config.overflow != Overflow::DropHead {
+            return;
+        }
+        while self.over_limit_with(0, 0) {
+            let Some(head) = self.take_next() else {
+                break;
+            };
+            self.drop_message(DeadLetterReason::MaxLen, head, effects);
+        }
+    }
+
+    fn enqueue(
+        &mut self,
+        index: u64,
+        publisher: Option<(u64, u64)>,
+        size: u32,
+        ttl_ms: Option<u64>,
+    ) -> Reply {
+        if let Some((publisher, sequence)) = publisher {
+            let last = self.publishers.entry(publisher).or_insert(0);
+            if sequence <= *last {
+                return Reply::Enqueued;
+            }
+            *last = sequence;
+        }
+        if self.config.overflow == Overflow::RejectPublish && self.over_limit_with(1, size) {
+            return Reply::Rejected;
+        }
+        let ttl = match (self.config.message_ttl_ms, ttl_ms) {
+            (Some(queue), Some(message)) => Some(queue.min(message)),
+            (queue, message) => queue.or(message),
+        };
+        let message = MessageRef {
+            index,
+            size,
+            expires_at_ms: ttl.map(|ttl| self.now_ms.saturating_add(ttl)),
+            delivery_count: 0,
+        };
+        self.live.insert(index);
+        self.ready_bytes += u64::from(size);
+        self.ready.push_back(message);
+        Reply::Enqueued
+    }
+
+    /// Whether `extra` more messages of `bytes` would put the ready
+    /// messages past a limit.
+    fn over_limit_with(&self, extra: u64, bytes: u32) -> bool {
+        let count = (self.ready.len() + self.returned.len()) as u64 + extra;
+        let size = self.ready_bytes + u64::from(bytes);
+        self.config.max_length.is_some_and(|max| count > max)
+            || self.config.max_length_bytes.is_some_and(|max| size > max)
+    }
+
+    /// Settles `deliveries` of `consumer`; `fate` says what becomes of each
+    /// message.
+    fn settle(
+        &mut self,
+        consumer: &ConsumerId,
+        deliveries: &[DeliveryId],
+        fate: impl Fn(&mut Self, MessageRef) -> Fate,
+        effects: &mut Vec<Effect>,
+    ) -> Reply {
+        let Some(state) = self.consumers.get_mut(consumer) else {
+            return Reply::Unknown;
+        };
+        let mut taken = Vec::with_capacity(deliveries.len());
+        let mut unknown = false;
+        for delivery in deliveries {
+            match state.checked_out.remove(delivery) {
+                Some(message) => taken.push(message),
+                None => unknown = true,
+            }
+        }
+        if state.cancelled && state.checked_out.is_empty() {
+            self.consumers.remove(consumer);
+        }
+        for message in taken {
+            match fate(self, message) {
+                Fate::Gone => {
+                    self.live.remove(&message.index);
+                }
+                Fate::Requeued => {}
+                Fate::Dropped(reason, message) => self.drop_message(reason, message, effects),
+            }
+        }
+        if unknown {
+            Reply::Unknown
+        } else {
+            Reply::Ok
+        }
+    }
+
+    /// A delivered message comes back: counted, and queued again unless it
+    /// passed the delivery limit.
+    fn put_back(&mut self, mut message: MessageRef) -> Fate {
+        message.delivery_count = message.delivery_count.saturating_add(1);
+        if self
+            .config
+            .delivery_limit
+            .is_some_and(|limit| message.delivery_count > limit)
+        {
+            return Fate::Dropped(DeadLetterReason::DeliveryLimit, message);
+        }
+        self.ready_bytes += u64::from(message.size);
+        self.returned.push_back(message);
+        Fate::Requeued
+    }
+
+    /// A message leaves the queue other than by an ack.
+    fn drop_message(
+        &mut self,
+        reason: DeadLetterReason,
+        message: MessageRef,
+        effects: &mut Vec<Effect>,
+    ) {
+        self.live.remove(&message.index);
+        effects.push(Effect::DeadLetter { reason, message });
+    }
+
+    /// The next message to deliver: returned ones first.
+    fn take_next(&mut self) -> Option<MessageRef> {
+        let message = self
+            .returned
+            .pop_front()
+            .or_else(|| self.ready.pop_front())?;
+        self.ready_bytes -= u64::from(message.size);
+        Some(message)
+    }
+
+    fn peek_next(&self) -> Option<&MessageRef> {
+        self.returned.front().or_else(|| self.ready.front())
+    }
+
+    /// Expired messages at the head leave, as in RabbitMQ: a message is
+    /// judged when it reaches the head.
+    fn expire_head(&mut self, effects: &mut Vec<Effect>) {
+        while let Some(head) = self.peek_next() {
+            if head.expires_at_ms.is_none_or(|at| at > self.now_ms) {
+                break;
+            }
+            let head = self.take_next().expect("peeked");
+            self.drop_message(DeadLetterReason::Expired, head, effects);
+        }
+    }
+
+    /// The consumer to give the next message to, if any can take one.
+    fn next_consumer(&self) -> Option<ConsumerId> {
+        if self.config.single_active_consumer {
+            let active = self.active_consumer()?;
+            return self.consumers[active].has_credit().then(|| active.clone());
+        }
+        self.consumers
+            .iter()
+            .filter(|(_, consumer)| consumer.has_credit())
+            .min_by_key(|(_, consumer)| {
+                (
+                    std::cmp::Reverse(consumer.spec.priority),
+                    consumer.last_served,
+                    consumer.joined,
+                )
+            })
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Hands ready messages to consumers with credit.
+    fn serve(&mut self, effects: &mut Vec<Effect>) {
+        while self.peek_next().is_some() {
+            let Some(id) = self.next_consumer() else {
+                return;
+            };
+            let message = self.take_next().expect("peeked");
+            self.clock += 1;
+            let clock = self.clock;
+            let state = self.consumers.get_mut(&id).expect("chosen above");
+            let delivery = state.next_delivery;
+            state.next_delivery += 1;
+            state.last_served = clock;
+            if state.spec.no_ack {
+                self.live.remove(&message.index);
+            } else {
+                state.checked_out.insert(delivery, message);
+            }
+            effects.push(Effect::Deliver {
+                consumer: id,
+                delivery,
+                message,
+            });
+        }
+    }
+}
+
+/// A map whose keys are not strings, serialized as a list of pairs (JSON
+/// and most text formats allow only string keys).
+mod as_pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        map: &BTreeMap<K, V>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(deserializer)?
+            .into_iter()
+            .collect())
+    }
+}
