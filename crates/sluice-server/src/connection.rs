@@ -84,6 +84,8 @@ pub struct Connection {
     publish_credit: u32,
     /// Where this connection reports its flow pauses and blocks.
     registration: Registration,
+    /// `consumer_timeout`, and when next to look for deliveries past it.
+    consumer_timeout: Option<(Duration, tokio::time::Instant)>,
 }
 
 /// What holds a connection back besides its own queues, and where it says
@@ -164,6 +166,12 @@ pub async fn serve(
         publishes_in_batch: 0,
         publish_credit: settings.publish_credit,
         registration,
+        consumer_timeout: settings.consumer_timeout.map(|timeout| {
+            (
+                timeout,
+                tokio::time::Instant::now() + timeout_check_interval(timeout),
+            )
+        }),
     };
     let ran = AssertUnwindSafe(connection.run(&mut reader, &mut shutdown))
         .catch_unwind()
@@ -372,6 +380,7 @@ async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
 impl Connection {
     async fn run(&mut self, reader: &mut FrameReader, shutdown: &mut watch::Receiver<bool>) {
         loop {
+            self.close_timed_out_channels();
             // Handle every frame already read, then flush their confirms;
             // writers woken by it all are woken once, at the end.
             let wake_batch = WakeBatch::begin();
@@ -491,8 +500,48 @@ impl Connection {
                 );
                 return true;
             }
+            () = consumer_timeout_check(self.consumer_timeout), if !self.closing => return true,
         }
         false
+    }
+
+    /// `consumer_timeout`: a channel holding a delivery unacknowledged for
+    /// longer is closed with RabbitMQ's 406, which requeues what it held.
+    /// Looked at every half timeout (at most every 30 s), as RabbitMQ
+    /// looks at its channels' deliveries periodically.
+    fn close_timed_out_channels(&mut self) {
+        let Some((timeout, next_check)) = self.consumer_timeout else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if now < next_check || self.closing {
+            return;
+        }
+        self.consumer_timeout = Some((timeout, now + timeout_check_interval(timeout)));
+        let timed_out: Vec<u16> = self
+            .channels
+            .iter()
+            .filter(|(_, channel)| !channel.closing)
+            .filter(|(_, channel)| {
+                channel
+                    .deliveries
+                    .oldest_unacked_since()
+                    .is_some_and(|since| since.elapsed() > timeout)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for channel_id in timed_out {
+            tracing::warn!(peer = %self.peer, channel_id, timeout_ms = timeout.as_millis() as u64, "consumer ack timed out on channel");
+            let error = AmqpError::precondition_failed(format!(
+                "delivery acknowledgement on channel {channel_id} timed out. Timeout value used: {} ms. This timeout value can be configured, see consumers doc guide to learn more",
+                timeout.as_millis()
+            ));
+            if let Flow::CloseWith(error, class_id, method_id) =
+                self.channel_error(channel_id, error, (0, 0))
+            {
+                self.start_close(&error, class_id, method_id);
+            }
+        }
     }
 
     /// Waits for a channel's metadata change (bounded by the metadata log's
@@ -1014,6 +1063,20 @@ impl Connection {
         self.context
             .vhost
             .remove_exclusive_queues(self.context.connection_id);
+    }
+}
+
+/// How often a connection looks for deliveries past `consumer_timeout`.
+fn timeout_check_interval(timeout: Duration) -> Duration {
+    (timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(30))
+}
+
+/// Resolves when the next look for deliveries past `consumer_timeout` is
+/// due; never without one.
+async fn consumer_timeout_check(timeout: Option<(Duration, tokio::time::Instant)>) {
+    match timeout {
+        Some((_, next_check)) => tokio::time::sleep_until(next_check).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::BytesMut;
 
@@ -29,6 +30,8 @@ pub struct Unacked {
     pub message_id: MessageId,
     /// None for a message fetched with basic.get.
     pub consumer: Option<Arc<Consumer>>,
+    /// When it was sent, for `consumer_timeout`.
+    pub delivered_at: Instant,
 }
 
 struct DeliveryState {
@@ -173,6 +176,16 @@ impl ChannelDeliveries {
         unacked
     }
 
+    /// When the oldest unacknowledged delivery of the channel was sent.
+    /// Deliveries are kept in tag order, which is the order they were sent
+    /// (a rolled-back transaction puts its acks back in that order too).
+    pub fn oldest_unacked_since(&self) -> Option<Instant> {
+        self.lock()
+            .unacked
+            .front()
+            .map(|unacked| unacked.delivered_at)
+    }
+
     /// Whether a delivery was refused for the channel-wide prefetch since
     /// the last call: the caller then lets every queue of the channel's
     /// consumers deliver into the room a settle freed.
@@ -221,6 +234,7 @@ impl ChannelDeliveries {
                 queue: Arc::clone(queue),
                 message_id: entry.offset,
                 consumer: None,
+                delivered_at: Instant::now(),
             });
         }
     }
@@ -389,6 +403,7 @@ impl DeliverySink for ChannelDeliveries {
                 queue: queue(),
                 message_id: entry.offset,
                 consumer: Some(Arc::clone(consumer)),
+                delivered_at: Instant::now(),
             });
         }
         true

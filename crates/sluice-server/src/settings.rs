@@ -19,6 +19,8 @@ pub struct ServerSettings {
     /// Connections accepted at once: `connection_max`, held to what the
     /// file descriptors allow.
     pub connection_max: usize,
+    /// `consumer_timeout`.
+    pub consumer_timeout: Option<Duration>,
 }
 
 impl ServerSettings {
@@ -33,6 +35,7 @@ impl ServerSettings {
             cluster_name: format!("sluice@{}", hostname()),
             nodelay: config.tcp_listen_options.nodelay,
             connection_max: connection_max(config),
+            consumer_timeout: config.consumer_timeout_ms.map(Duration::from_millis),
         }
     }
 }

@@ -1006,3 +1006,40 @@ async fn consumers_queue_delete_answers_delete_ok_before_the_consumer_cancel() {
     assert_eq!(seen, ["declare-ok", "consume-ok", "delete-ok", "cancel"]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn consumers_delivery_unacked_past_consumer_timeout_closes_its_channel() {
+    let server = TestServer::start_with(|config| config.consumer_timeout_ms = Some(300)).await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "slow").await;
+    let mut watcher = close_watcher(&channel).await;
+    let mut consumer = consume(&channel, "slow", "c").await;
+    publish_numbered(&channel, "slow", 1).await;
+    let delivery = next_delivery(&mut consumer).await;
+    assert!(!delivery.redelivered);
+    // Never acked: the channel is closed with RabbitMQ's words.
+    let started = std::time::Instant::now();
+    let error = channel_closed_with(&mut watcher).await;
+    assert_eq!(
+        error,
+        (
+            406,
+            "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value used: 300 ms. This timeout value can be configured, see consumers doc guide to learn more".to_owned()
+        )
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // The message went back, and a channel that keeps acking is left alone.
+    let other = connection.create_channel().await.unwrap();
+    let mut prompt = consume(&other, "slow", "prompt").await;
+    let again = next_delivery(&mut prompt).await;
+    assert_eq!(body(&again), "m0");
+    assert!(again.redelivered);
+    again.acker.ack(BasicAckOptions::default()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert!(
+        other.status().connected(),
+        "a channel with nothing unacked stays open"
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

@@ -113,6 +113,18 @@ fn connection_key(config: &mut Config, key: &str, value: &str) -> Applied {
             .filter(|ms| *ms > 0)
             .map(|ms| config.handshake_timeout_ms = ms)
             .ok_or_else(|| "expected a positive number of milliseconds".to_owned()),
+        "consumer_timeout" => match value {
+            "false" | "infinity" => {
+                config.consumer_timeout_ms = None;
+                Ok(())
+            }
+            number => number
+                .parse()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(|ms| config.consumer_timeout_ms = Some(ms))
+                .ok_or_else(|| "expected a positive number of milliseconds or `false`".to_owned()),
+        },
         "queue_leader_locator" => QueueLocator::parse(value)
             .map(|locator| config.queue_leader_locator = locator)
             .ok_or_else(|| "expected `client-local` or `balanced`".to_owned()),

@@ -37,6 +37,9 @@ pub const FRAME_MAX_MAX: u32 = i32::MAX as u32;
 /// RabbitMQ's hard cap on `max_message_size` (512 MiB); larger values are rejected there too.
 pub const MESSAGE_SIZE_MAX: u32 = 512 * 1024 * 1024;
 
+/// RabbitMQ's default `consumer_timeout`: 30 minutes.
+pub const CONSUMER_TIMEOUT_DEFAULT_MS: u64 = 30 * 60 * 1000;
+
 /// The broker's settings. [`Config::default`] gives RabbitMQ's defaults; [`Config::parse`] and
 /// [`Config::from_file`] layer a `rabbitmq.conf`-style file on top.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,6 +82,9 @@ pub struct Config {
     /// Time allowed from TCP accept to `connection.open`, in milliseconds
     /// (`handshake_timeout`). Default 10000.
     pub handshake_timeout_ms: u64,
+    /// `consumer_timeout`: a delivery left unacknowledged this long closes
+    /// its channel, as in RabbitMQ; None never.
+    pub consumer_timeout_ms: Option<u64>,
     /// Connections the node accepts at once (`connection_max`); more are
     /// closed as they come, with a log line. None is RabbitMQ's `infinity`,
     /// the default: then the file descriptors the process may open set the
@@ -151,6 +157,7 @@ impl Default for Config {
             credit_flow_default_credit: CREDIT_FLOW_DEFAULT_CREDIT,
             delivery_buffer_total_max: DELIVERY_BUFFER_TOTAL_MAX_DEFAULT,
             handshake_timeout_ms: 10_000,
+            consumer_timeout_ms: Some(CONSUMER_TIMEOUT_DEFAULT_MS),
             connection_max: None,
             queue_leader_locator: sluice_core::queue_location::QueueLocator::ClientLocal,
             log_level: "info".to_owned(),

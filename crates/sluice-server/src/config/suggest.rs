@@ -23,6 +23,7 @@ const KNOWN_KEYS: &[&str] = &[
     "handshake_timeout",
     "connection_max",
     "queue_leader_locator",
+    "consumer_timeout",
     "log.console.level",
     "vm_memory_high_watermark.relative",
     "vm_memory_high_watermark.absolute",

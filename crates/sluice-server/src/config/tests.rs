@@ -253,6 +253,25 @@ fn max_message_size() {
 }
 
 #[test]
+fn consumer_timeout() {
+    assert_eq!(Config::default().consumer_timeout_ms, Some(1_800_000));
+    assert_eq!(
+        parse("consumer_timeout = 60000")
+            .unwrap()
+            .consumer_timeout_ms,
+        Some(60_000)
+    );
+    assert_eq!(
+        parse("consumer_timeout = false")
+            .unwrap()
+            .consumer_timeout_ms,
+        None
+    );
+    assert!(error("consumer_timeout = 0")
+        .starts_with("line 1: invalid value '0' for 'consumer_timeout'"));
+}
+
+#[test]
 fn queue_leader_locator() {
     use sluice_core::queue_location::QueueLocator;
     assert_eq!(
