@@ -12,7 +12,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sluice_server::config::{self, Config, ConfigError};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// Sluice: an AMQP 0-9-1 message broker that works with RabbitMQ clients.
 #[derive(Debug, Parser)]
@@ -134,18 +136,47 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Logs human-readable lines to stderr. RUST_LOG, when set, replaces the configured level.
+/// Logs human-readable lines to stderr (`log.console`, at `log.console.level`) and to a file
+/// (`log.file`, at `log.file.level`). RUST_LOG, when set, replaces both levels. A file that
+/// cannot be opened stops the start, naming it.
 fn init_logging(config: &Config) -> anyhow::Result<()> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
-            .with_context(|| format!("RUST_LOG={directives} is not a valid filter"))?,
-        _ => EnvFilter::new(config.log_filter()),
+    let overridden = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => {
+            EnvFilter::try_new(&directives)
+                .with_context(|| format!("RUST_LOG={directives} is not a valid filter"))?;
+            Some(directives)
+        }
+        _ => None,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only when a person is watching; not in log files or CI output.
-        .with_ansi(std::io::stderr().is_terminal())
+    let filter = |level: &str| EnvFilter::new(overridden.as_deref().unwrap_or(level));
+    let console = config.log_console.then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            // Colour codes only when a person is watching; not in log files or CI output.
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter(config.log_filter()))
+    });
+    let file = match &config.log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| {
+                    format!("cannot open the log file {} (log.file)", path.display())
+                })?;
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::sync::Mutex::new(file))
+                    .with_ansi(false)
+                    .with_filter(filter(config.log_file_filter())),
+            )
+        }
+        None => None,
+    };
+    tracing_subscriber::registry()
+        .with(console)
+        .with(file)
         .init();
     Ok(())
 }

@@ -57,12 +57,27 @@ fn node_key(config: &mut Config, key: &str, value: &str) -> Applied {
         "default_pass" => config.default_pass = value.to_owned(),
         "default_vhost" => config.default_vhost = value.to_owned(),
         "load_definitions" => config.load_definitions = Some(PathBuf::from(value)),
-        "log.console.level" => {
+        "log.console.level" | "log.file.level" => {
             if !LOG_LEVELS.contains(&value) {
                 return Some(Err(format!("expected one of {}", LOG_LEVELS.join(", "))));
             }
-            config.log_level = value.to_owned();
+            if key == "log.file.level" {
+                config.log_file_level = value.to_owned();
+            } else {
+                config.log_level = value.to_owned();
+            }
         }
+        "log.console" => match value {
+            "true" => config.log_console = true,
+            "false" => config.log_console = false,
+            _ => return Some(Err("expected `true` or `false`".to_owned())),
+        },
+        // RabbitMQ's file name is relative to its log directory; Sluice has
+        // none, so a relative name is relative to the working directory.
+        "log.file" => match value {
+            "false" => config.log_file = None,
+            path => config.log_file = Some(PathBuf::from(path)),
+        },
         _ => return None,
     }
     Some(Ok(()))

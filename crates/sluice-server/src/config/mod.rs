@@ -23,6 +23,8 @@ use crate::store_config::StoreConfig;
 use crate::tcp_listen_options::TcpListenOptions;
 use keys::{apply_key, LoopbackLines};
 use suggest::closest_key;
+
+pub mod ignored_keys;
 pub use units::parse_listener;
 use units::strip_comment;
 
@@ -96,6 +98,16 @@ pub struct Config {
     /// Log level (`log.console.level`): one of RabbitMQ's levels `debug`, `info`, `notice`,
     /// `warning`, `error`, `critical`, `alert`, `emergency`, `none`. Default `info`.
     pub log_level: String,
+    /// `log.console`: whether to log to standard error. Default true.
+    pub log_console: bool,
+    /// `log.file`: a file to log to as well (appended to); None (`false`,
+    /// the default) for none.
+    pub log_file: Option<PathBuf>,
+    /// `log.file.level`, as `log.console.level`.
+    pub log_file_level: String,
+    /// Keys RabbitMQ documents that do not apply to Sluice, with why: each
+    /// is logged once as a warning (see [`ignored_keys`]).
+    pub ignored: Vec<(String, &'static str)>,
     /// Memory alarm threshold as a fraction of the memory available
     /// (`vm_memory_high_watermark.relative`), from 0.0 to 1.0. `None` (the default) means
     /// [`VM_MEMORY_HIGH_WATERMARK_RELATIVE_DEFAULT`](crate::resource_limit::VM_MEMORY_HIGH_WATERMARK_RELATIVE_DEFAULT) (0.6) unless an absolute watermark is set;
@@ -161,6 +173,10 @@ impl Default for Config {
             connection_max: None,
             queue_leader_locator: sluice_core::queue_location::QueueLocator::ClientLocal,
             log_level: "info".to_owned(),
+            log_console: true,
+            log_file: None,
+            log_file_level: "info".to_owned(),
+            ignored: Vec::new(),
             vm_memory_high_watermark_relative: None,
             vm_memory_high_watermark_absolute_bytes: None,
             disk_free_limit_absolute_bytes: None,
@@ -278,6 +294,12 @@ impl Config {
                 None if key.starts_with("listeners.tcp.") => {
                     return Err(invalid_listener_name(line, key))
                 }
+                None if ignored_keys::reason(key).is_some() => {
+                    if !config.ignored.iter().any(|(known, _)| known == key) {
+                        let reason = ignored_keys::reason(key).expect("checked");
+                        config.ignored.push((key.to_owned(), reason));
+                    }
+                }
                 None => {
                     return Err(ConfigError::UnknownKey {
                         line,
@@ -334,21 +356,36 @@ impl Config {
                 "both disk_free_limit.absolute and disk_free_limit.relative are configured; disk_free_limit.absolute has precedence".to_owned(),
             );
         }
+        for (key, reason) in &self.ignored {
+            warnings.push(format!(
+                "'{key}' is accepted but does nothing in Sluice: {reason}"
+            ));
+        }
         warnings
     }
 
-    /// The `tracing` filter directive for [`Config::log_level`]: RabbitMQ's eight levels
-    /// folded onto tracing's five, and `none` to `off`.
+    /// The `tracing` filter directive for [`Config::log_level`] (the console's).
     pub fn log_filter(&self) -> &'static str {
-        // openraft narrates every vote and timer at info: Sluice says what
-        // an operator needs (links, leaders lost, changes failing) itself.
-        match self.log_level.as_str() {
-            "debug" => "debug",
-            "info" | "notice" => "info,openraft=warn",
-            "warning" => "warn",
-            "none" => "off",
-            _ => "error",
-        }
+        log_filter_for(&self.log_level)
+    }
+
+    /// The `tracing` filter directive for [`Config::log_file_level`].
+    pub fn log_file_filter(&self) -> &'static str {
+        log_filter_for(&self.log_file_level)
+    }
+}
+
+/// A `tracing` filter directive for one of RabbitMQ's eight levels, folded onto tracing's
+/// five, and `none` to `off`.
+fn log_filter_for(level: &str) -> &'static str {
+    // openraft narrates every vote and timer at info: Sluice says what
+    // an operator needs (links, leaders lost, changes failing) itself.
+    match level {
+        "debug" => "debug",
+        "info" | "notice" => "info,openraft=warn",
+        "warning" => "warn",
+        "none" => "off",
+        _ => "error",
     }
 }
 

@@ -591,3 +591,69 @@ disk_free_limit.absolute = 2GB
         MemoryWatermark::Relative(0.5)
     );
 }
+
+#[test]
+fn deployment_file_starts_with_one_warning_per_key_that_does_not_apply() {
+    // The kind of file a production RabbitMQ 3.10 runs with.
+    let text = "\
+listeners.tcp.default = 5672
+listeners.ssl.default = 5671
+ssl_options.cacertfile = /etc/rabbitmq/ca.pem
+ssl_options.certfile = /etc/rabbitmq/cert.pem
+ssl_options.verify = verify_peer
+management.tcp.port = 15672
+management.tcp.ip = 0.0.0.0
+default_user_tags.administrator = true
+default_permissions.configure = .*
+cluster_partition_handling = pause_minority
+log.console = true
+log.console.level = info
+log.file = false
+log.file.level = warning
+log.file.rotation.count = 5
+consumer_timeout = 3600000
+collect_statistics_interval = 10000
+vm_memory_high_watermark_paging_ratio = 0.75
+";
+    let config = parse(text).unwrap();
+    assert_eq!(config.consumer_timeout_ms, Some(3_600_000));
+    assert!(config.log_console);
+    assert_eq!(config.log_file, None);
+    assert_eq!(config.log_file_level, "warning");
+    let warnings = config.warnings();
+    for key in [
+        "listeners.ssl.default",
+        "ssl_options.cacertfile",
+        "management.tcp.port",
+        "default_user_tags.administrator",
+        "cluster_partition_handling",
+        "log.file.rotation.count",
+        "collect_statistics_interval",
+        "vm_memory_high_watermark_paging_ratio",
+    ] {
+        let naming: Vec<&String> = warnings
+            .iter()
+            .filter(|warning| warning.starts_with(&format!("'{key}'")))
+            .collect();
+        assert_eq!(naming.len(), 1, "one warning for {key}: {warnings:?}");
+    }
+    assert_eq!(warnings.len(), 12);
+    // A typo still stops the start, with the suggestion.
+    assert!(error("consumer_timout = 100").contains("consumer_timeout"));
+    assert!(error("log.file = /tmp/x.log\nlog.fille.level = info").contains("line 2"));
+}
+
+#[test]
+fn log_file_keys() {
+    let config = parse("log.file = /var/log/sluice.log\nlog.console = false").unwrap();
+    assert_eq!(
+        config.log_file,
+        Some(std::path::PathBuf::from("/var/log/sluice.log"))
+    );
+    assert!(!config.log_console);
+    assert!(
+        error("log.console = maybe").starts_with("line 1: invalid value 'maybe' for 'log.console'")
+    );
+    assert!(error("log.file.level = loud")
+        .starts_with("line 1: invalid value 'loud' for 'log.file.level'"));
+}
