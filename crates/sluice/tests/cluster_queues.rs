@@ -393,3 +393,77 @@ async fn cluster_queue_balanced_locator_spreads_queues_over_the_nodes() {
     nodes[0].kill();
     nodes[1].kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_queue_on_a_paused_node_answers_publishers_and_serves_again_once_it_resumes() {
+    let mut nodes = started("paused-home");
+    let (_first, on_home) = channel_on(&nodes[0]).await;
+    declare_durable(&on_home, "held-up").await;
+    let (second, publisher) = channel_on(&nodes[1]).await;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(publish_confirmed(&publisher, "held-up", 0, 10).await, 10);
+
+    // The queue's node hangs: a publish through node 2 is answered anyway,
+    // once the link is found dead: nacked, or (sent after that) returned
+    // as unroutable. Never a silent ack, never a hang.
+    nodes[0].signal(libc::SIGSTOP);
+    let confirmation = tokio::time::timeout(Duration::from_secs(10), async {
+        publisher
+            .basic_publish(
+                "".into(),
+                "held-up".into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &999u32.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    })
+    .await
+    .expect("answered within 10 s");
+    assert!(
+        confirmation.is_nack() || confirmation.take_message().is_some(),
+        "nacked or returned"
+    );
+
+    // It resumes: the link comes back and the queue is served through the
+    // other nodes again, with every confirmed message in order.
+    nodes[0].signal(libc::SIGCONT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let channel = second.create_channel().await.unwrap();
+        let counted = channel
+            .queue_declare(
+                "held-up".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        if counted.is_ok_and(|queue| queue.message_count() >= 10) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "served again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_third, on_third) = channel_on(&nodes[2]).await;
+    let mut deliveries = consumer(&on_third, "held-up", 20).await;
+    for expected in 0..10 {
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(number(&delivery), expected);
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    for node in &mut nodes {
+        node.kill();
+    }
+}
