@@ -17,9 +17,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Connects as guest, retrying for up to 20 s while the broker starts.
+/// Connects as guest, retrying for up to 60 s while the broker starts (a
+/// cluster node opens its port only once a majority formed, which takes
+/// longer when the tests' other clusters load the machine too).
 pub async fn connect(port: u16) -> Connection {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match Connection::connect(
             &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
