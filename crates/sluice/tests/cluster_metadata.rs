@@ -15,14 +15,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, ExchangeKind};
-use support::cluster::{cluster, Node};
-use support::connect;
-
-async fn channel_on(node: &Node) -> (lapin::Connection, Channel) {
-    let connection = connect(node.amqp_port).await;
-    let channel = connection.create_channel().await.expect("channel opens");
-    (connection, channel)
-}
+use support::cluster::{channel_on, cluster, Node};
+use support::declare_passive;
 
 async fn declare_exchange(channel: &Channel, name: &str) -> lapin::Result<()> {
     channel
@@ -58,17 +52,7 @@ async fn exchange_exists(connection: &lapin::Connection, name: &str) -> bool {
 
 async fn queue_exists(connection: &lapin::Connection, name: &str) -> bool {
     let channel = connection.create_channel().await.expect("channel opens");
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .is_ok()
+    declare_passive(&channel, name).await.is_ok()
 }
 
 fn started(test: &str) -> Vec<Node> {
@@ -235,15 +219,7 @@ async fn cluster_metadata_a_dead_node_takes_its_non_durable_queues_with_it() {
     // The durable one waits for its node; meanwhile it is answered for as
     // RabbitMQ answers for a queue whose node is gone.
     let channel = first.create_channel().await.expect("channel opens");
-    let error = channel
-        .queue_declare(
-            "lives-on".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    let error = declare_passive(&channel, "lives-on")
         .await
         .expect_err("its node is down");
     let text = error.to_string();

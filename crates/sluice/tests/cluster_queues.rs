@@ -19,14 +19,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Consumer};
-use support::cluster::{cluster, Node};
-use support::connect;
-
-async fn channel_on(node: &Node) -> (lapin::Connection, Channel) {
-    let connection = connect(node.amqp_port).await;
-    let channel = connection.create_channel().await.expect("channel opens");
-    (connection, channel)
-}
+use support::cluster::{channel_on, cluster, Node};
+use support::declare_passive;
 
 fn started(test: &str) -> Vec<Node> {
     let mut nodes = cluster(test, &["secret", "secret", "secret"]);
@@ -51,17 +45,7 @@ async fn declare_durable(channel: &Channel, name: &str) {
 }
 
 async fn passive_count(channel: &Channel, name: &str) -> (u32, u32) {
-    let queue = channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("queue exists");
+    let queue = declare_passive(channel, name).await.expect("queue exists");
     (queue.message_count(), queue.consumer_count())
 }
 
@@ -174,17 +158,7 @@ async fn cluster_queue_on_one_node_is_used_through_the_others() {
         .unwrap();
     assert_eq!(dropped, 3);
     let (_fresh, check) = channel_on(&nodes[0]).await;
-    assert!(check
-        .queue_declare(
-            "orders".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .is_err());
+    assert!(declare_passive(&check, "orders").await.is_err());
     for node in &mut nodes {
         node.kill();
     }
@@ -302,16 +276,7 @@ async fn cluster_queue_whose_node_dies_cancels_remote_consumers_and_returns_with
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let channel = again.create_channel().await.unwrap();
-        let counted = channel
-            .queue_declare(
-                "ledger".into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let counted = declare_passive(&channel, "ledger").await;
         if let Ok(queue) = counted {
             assert_eq!(queue.message_count(), 50);
             break;
@@ -440,16 +405,7 @@ async fn cluster_queue_on_a_paused_node_answers_publishers_and_serves_again_once
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let channel = second.create_channel().await.unwrap();
-        let counted = channel
-            .queue_declare(
-                "held-up".into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let counted = declare_passive(&channel, "held-up").await;
         if counted.is_ok_and(|queue| queue.message_count() >= 10) {
             break;
         }

@@ -176,3 +176,10 @@ fn write_config(path: &Path, name: &str, members: &str) {
     );
     std::fs::write(path, text).unwrap();
 }
+
+/// A connection to `node` and a channel on it.
+pub async fn channel_on(node: &Node) -> (lapin::Connection, lapin::Channel) {
+    let connection = super::connect(node.amqp_port).await;
+    let channel = connection.create_channel().await.expect("channel opens");
+    (connection, channel)
+}

@@ -5,7 +5,9 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use lapin::{Connection, ConnectionProperties};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
 
 pub mod cluster;
 
@@ -37,4 +39,19 @@ pub async fn connect(port: u16) -> Connection {
             Err(error) => panic!("cannot connect: {error}"),
         }
     }
+}
+
+/// A passive queue.declare: the queue's counts, or the broker's refusal
+/// (which closes the channel).
+pub async fn declare_passive(channel: &Channel, name: &str) -> lapin::Result<lapin::Queue> {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
 }
