@@ -115,6 +115,11 @@ pub struct PerfArgs {
     #[arg(long, value_name = "K=V,...")]
     pub queue_args: Option<String>,
 
+    /// Use queues that exist as they are, whatever they were declared with (PerfTest's
+    /// -p); declare only the missing ones
+    #[arg(long)]
+    pub predeclared: bool,
+
     /// Declare queues auto-delete [default: true]
     #[arg(long, value_name = "BOOL")]
     pub auto_delete: Option<bool>,
@@ -267,6 +272,7 @@ impl PerfArgs {
         workload.autoack |= self.autoack;
         workload.quorum_queue |= self.quorum_queue;
         workload.use_millis |= self.use_millis;
+        workload.predeclared |= self.predeclared;
         for flag in &self.flags {
             if !workload.flags.contains(flag) {
                 workload.flags.push(*flag);

@@ -24,6 +24,7 @@ pub mod body;
 pub mod chart;
 pub mod consumer;
 pub mod inflight;
+pub mod perftest_flags;
 pub mod publisher;
 pub mod rate_limiter;
 pub mod report;

@@ -110,11 +110,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
         "sluice-perf setup",
     )
     .await?;
-    let setup_channel = setup
-        .create_channel()
-        .await
-        .map_err(PerfError::amqp("opening the setup channel"))?;
-    topology::declare(&setup_channel, &workload).await?;
+    topology::declare(&setup, &workload).await?;
     display.note(&format!(
         "{}: {}: opening {} consumer and {} producer connections to {}",
         options.label,

@@ -173,11 +173,20 @@ pub async fn declare_queue(
     Ok(queue.name().to_string())
 }
 
-/// Declares the exchange and the named queues and binds them.
+/// Declares the exchange and the named queues and binds them. With `--predeclared`, a
+/// queue that exists already is used as it is, whatever it was declared with, as PerfTest's
+/// `-p` does; one that does not is declared.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker refuses a declaration.
-pub async fn declare(channel: &Channel, workload: &Workload) -> Result<(), PerfError> {
+pub async fn declare(connection: &Connection, workload: &Workload) -> Result<(), PerfError> {
+    let open = || async {
+        connection
+            .create_channel()
+            .await
+            .map_err(PerfError::amqp("opening the setup channel"))
+    };
+    let mut channel = open().await?;
     let exchange = workload.exchange.as_str();
     let predefined = exchange.is_empty() || exchange.starts_with("amq.");
     if !predefined {
@@ -196,7 +205,25 @@ pub async fn declare(channel: &Channel, workload: &Workload) -> Result<(), PerfE
             .map_err(PerfError::amqp(format!("exchange.declare '{exchange}'")))?;
     }
     for name in workload.queue_names() {
-        declare_queue(channel, workload, &name).await?;
+        let exists = workload.predeclared
+            && channel
+                .queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .is_ok();
+        if !exists {
+            if workload.predeclared {
+                // The failed passive declare closed the channel.
+                channel = open().await?;
+            }
+            declare_queue(&channel, workload, &name).await?;
+        }
         if !exchange.is_empty() {
             channel
                 .queue_bind(
@@ -210,6 +237,7 @@ pub async fn declare(channel: &Channel, workload: &Workload) -> Result<(), PerfE
                 .map_err(PerfError::amqp(format!("queue.bind '{name}'")))?;
         }
     }
+    let _ = channel.close(200, "OK".into()).await;
     Ok(())
 }
 

@@ -78,6 +78,8 @@ pub struct Workload {
     /// 0 leaves the size to the kernel's autotuning.
     pub tcp_send_buffer_size: u32,
     pub tcp_receive_buffer_size: u32,
+    /// PerfTest's `--predeclared`: queues that exist are used as they are.
+    pub predeclared: bool,
 }
 
 impl Default for Workload {
@@ -112,6 +114,7 @@ impl Default for Workload {
             framemax: None,
             tcp_send_buffer_size: PERFTEST_SOCKET_BUFFER,
             tcp_receive_buffer_size: PERFTEST_SOCKET_BUFFER,
+            predeclared: false,
         }
     }
 }

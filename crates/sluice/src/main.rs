@@ -69,7 +69,21 @@ fn parse_listen(text: &str) -> Result<SocketAddr, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // A PerfTest command line after `sluice perf` runs as it is: its multi-letter short
+    // options are rewritten, and the ones `sluice perf` has no use for are dropped with a
+    // warning each.
+    let mut arguments: Vec<String> = std::env::args_os()
+        .map(|argument| argument.to_string_lossy().into_owned())
+        .collect();
+    if arguments.get(1).map(String::as_str) == Some("perf") {
+        let (kept, warnings) = sluice_perf::perftest_flags::normalize(&arguments[2..]);
+        for warning in warnings {
+            eprintln!("sluice perf: warning: {warning}");
+        }
+        arguments.truncate(2);
+        arguments.extend(kept);
+    }
+    let cli = match Cli::try_parse_from(arguments) {
         Ok(cli) => cli,
         Err(err) => {
             // --help and --version are not failures; every other start-up error exits 1.
