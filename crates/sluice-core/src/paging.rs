@@ -33,6 +33,10 @@ pub struct StoreSettings {
     /// what consumers are about to take: hundreds of queues with full
     /// windows would otherwise hold hundreds of windows.
     pub resident_total_max: u64,
+    /// What a durable queue's recovery does about journal segments missing
+    /// from the middle (`store.missing_segments`): refuse (the default),
+    /// or go on without their messages.
+    pub missing_segments: sluice_store::MissingSegments,
 }
 
 /// Segment positions must fit the 31 bits a paged reference has for them.
@@ -46,6 +50,7 @@ impl Default for StoreSettings {
             resident_bytes_max: 8 * 1024 * 1024,
             unwritten_bytes_max: 64 * 1024 * 1024,
             resident_total_max: 256 * 1024 * 1024,
+            missing_segments: sluice_store::MissingSegments::Refuse,
         }
     }
 }

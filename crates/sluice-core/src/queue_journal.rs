@@ -413,7 +413,8 @@ impl QueueJournal {
         settings: &StoreSettings,
     ) -> Result<RecoveredQueue, StoreError> {
         let mut replayed = Replayed::default();
-        let log = SegmentLog::recover(dir, |found| replayed.take(found))?;
+        let log =
+            SegmentLog::recover_with(dir, settings.missing_segments, |found| replayed.take(found))?;
         if replayed.corrupt > 0 {
             tracing::warn!(dir = %dir.display(), corrupt = replayed.corrupt, "skipped journal records that do not decode");
         }

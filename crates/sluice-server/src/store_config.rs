@@ -44,6 +44,7 @@ pub const STORE_KEYS: &[&str] = &[
     "store.write_buffer_max",
     "store.write_buffer_total_max",
     "store.read_ahead_total_max",
+    "store.missing_segments",
 ];
 
 /// Segments smaller than this would roll over every few messages.
@@ -64,6 +65,17 @@ pub fn apply(
 ) -> Option<Result<(), String>> {
     let settings = &mut config.settings;
     let result = match key {
+        "store.missing_segments" => match value {
+            "refuse" => {
+                settings.missing_segments = sluice_store::MissingSegments::Refuse;
+                Ok(())
+            }
+            "skip" => {
+                settings.missing_segments = sluice_store::MissingSegments::Skip;
+                Ok(())
+            }
+            _ => Err("expected `refuse` or `skip`".to_owned()),
+        },
         "store.segment_size" => parse_bytes(value)
             .filter(|bytes| (SEGMENT_SIZE_BYTES_MIN..=SEGMENT_SIZE_BYTES_MAX).contains(bytes))
             .map(|bytes| settings.segment_size_bytes = bytes)

@@ -17,7 +17,7 @@ pub mod record;
 pub mod segment;
 
 pub use group_commit::{DurableEpoch, GroupCommit, LogBuffer};
-pub use log::SegmentLog;
+pub use log::{MissingSegments, SegmentLog};
 pub use record::{Record, RecordError};
 
 /// Storage failures. An I/O error on a log is fatal for that log: callers
@@ -29,6 +29,18 @@ pub enum StoreError {
         context: String,
         #[source]
         source: std::io::Error,
+    },
+    /// Segments are numbered without gaps (only the oldest are ever
+    /// deleted): a gap is a file lost from the middle, and its records with
+    /// it.
+    #[error(
+        "{dir} is missing segment file(s) {missing:?} between segments {first} and {last}: the records in them would be lost. Restore the files, or set store.missing_segments = skip to start without them"
+    )]
+    MissingSegments {
+        dir: String,
+        missing: Vec<u64>,
+        first: u64,
+        last: u64,
     },
 }
 

@@ -28,6 +28,42 @@ pub struct RecordView<'a> {
     pub payload: &'a [u8],
 }
 
+/// What recovery does about segment files missing between others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissingSegments {
+    /// Refuse to open the log: the operator restores the files or decides.
+    #[default]
+    Refuse,
+    /// Open it without them, saying which are gone.
+    Skip,
+}
+
+/// Segments are only ever deleted oldest first, so the ids on disk run
+/// without a gap; a gap is a file lost from the middle.
+fn check_contiguous(dir: &Path, ids: &[u64], policy: MissingSegments) -> Result<(), StoreError> {
+    let missing: Vec<u64> = ids
+        .windows(2)
+        .flat_map(|pair| pair[0] + 1..pair[1])
+        .take(1000)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let error = StoreError::MissingSegments {
+        dir: dir.display().to_string(),
+        missing,
+        first: ids[0],
+        last: ids[ids.len() - 1],
+    };
+    match policy {
+        MissingSegments::Refuse => Err(error),
+        MissingSegments::Skip => {
+            tracing::error!(%error, "opening the log without the missing segments (store.missing_segments = skip)");
+            Ok(())
+        }
+    }
+}
+
 pub struct SegmentLog {
     pub dir: PathBuf,
     segments: BTreeMap<u64, Segment>,
@@ -38,7 +74,24 @@ impl SegmentLog {
     /// record to `visit`, oldest first, one segment in memory at a time. A
     /// torn or corrupt tail of any segment is cut off and logged; the records
     /// before it are kept.
-    pub fn recover(dir: &Path, mut visit: impl FnMut(RecordView<'_>)) -> Result<Self, StoreError> {
+    ///
+    /// # Errors
+    /// I/O errors, and [`StoreError::MissingSegments`] for a segment missing
+    /// between others (see [`SegmentLog::recover_with`] to go on without).
+    pub fn recover(dir: &Path, visit: impl FnMut(RecordView<'_>)) -> Result<Self, StoreError> {
+        Self::recover_with(dir, MissingSegments::Refuse, visit)
+    }
+
+    /// As [`SegmentLog::recover`], with what to do about segments missing
+    /// from the middle of the log.
+    ///
+    /// # Errors
+    /// As [`SegmentLog::recover`].
+    pub fn recover_with(
+        dir: &Path,
+        missing_segments: MissingSegments,
+        mut visit: impl FnMut(RecordView<'_>),
+    ) -> Result<Self, StoreError> {
         let created = !dir.exists();
         std::fs::create_dir_all(dir)
             .map_err(|error| StoreError::io(format!("creating {}", dir.display()), error))?;
@@ -57,6 +110,7 @@ impl SegmentLog {
         }
         let mut ids: Vec<u64> = paths.iter().filter_map(|path| segment_id(path)).collect();
         ids.sort_unstable();
+        check_contiguous(dir, &ids, missing_segments)?;
         let newest = ids.last().copied();
         let mut segments = BTreeMap::new();
         // One buffer, grown to the largest segment, for every segment read.
@@ -254,6 +308,43 @@ pub(crate) mod tests {
         let (_, records) = SegmentLog::recover_all(&dir).unwrap();
         assert_eq!(records.len(), 3);
         assert_eq!(&records[2].record.payload[..], b"fourth");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn log_recovery_refuses_a_segment_missing_from_the_middle_unless_told_to_skip_it() {
+        let dir = temp_dir("missing-middle");
+        let (mut log, _) = SegmentLog::recover_all(&dir).unwrap();
+        for segment in 1..=4 {
+            log.write(
+                segment,
+                &record_bytes(1, format!("in {segment}").as_bytes()),
+            )
+            .unwrap();
+        }
+        drop(log);
+        std::fs::remove_file(crate::segment::segment_path(&dir, 2)).unwrap();
+        std::fs::remove_file(crate::segment::segment_path(&dir, 3)).unwrap();
+
+        let refused = SegmentLog::recover_all(&dir).err().expect("refused");
+        let text = refused.to_string();
+        assert!(
+            matches!(&refused, StoreError::MissingSegments { missing, first: 1, last: 4, .. } if *missing == [2, 3]),
+            "{text}"
+        );
+        assert!(text.contains(&dir.display().to_string()), "{text}");
+        assert!(text.contains("store.missing_segments = skip"), "{text}");
+
+        let mut seen = Vec::new();
+        let log = SegmentLog::recover_with(&dir, MissingSegments::Skip, |view| {
+            seen.push(view.payload.to_vec())
+        })
+        .unwrap();
+        assert_eq!(seen, [b"in 1".to_vec(), b"in 4".to_vec()]);
+        assert_eq!(log.segment_ids(), vec![1, 4]);
+        // The oldest going, as compaction deletes them, is no gap.
+        std::fs::remove_file(crate::segment::segment_path(&dir, 1)).unwrap();
+        assert!(SegmentLog::recover_all(&dir).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
