@@ -115,7 +115,7 @@ impl Durability {
     /// syncing it. One synced before a later failure is safe on disk. The
     /// failure is read first: a log does not sync once it has failed.
     pub fn is_lost(&self) -> bool {
-        self.has_failed() && !self.is_synced()
+        self.log.is_lost(self.sequence)
     }
 }
 
@@ -194,6 +194,10 @@ pub struct QueueJournal {
     /// Segments emptied by compaction are deleted only once the moved
     /// copies are durable.
     reclaim_after: Option<Sequence>,
+    /// Copies moved by a compaction died with a failed write: the old
+    /// segments they were moved from stay for the rest of the run (the
+    /// originals are read instead), and recovery sorts it out at restart.
+    reclaim_disabled: bool,
     /// A run of sparse segments is waiting for compaction.
     compaction_wanted: bool,
     /// Where the last message was written in offset order (not moved).
@@ -399,6 +403,7 @@ impl QueueJournal {
             liveness: BTreeMap::new(),
             relocated: HashMap::new(),
             reclaim_after: None,
+            reclaim_disabled: false,
             compaction_wanted: false,
             last_native_segment: log.head_segment(),
             log,
@@ -443,6 +448,9 @@ impl QueueJournal {
         let messages = live_messages(native, &moved, &acked);
         let deadlines = live_deadlines(deadlines, &messages);
         let log = LogBuffer::with_preallocation(log, settings.segment_size_bytes);
+        // A failed write (a full disk, no descriptors left) nacks what it
+        // held; the queue takes messages again once the condition clears.
+        log.retry_after_failures();
         let mut journal = QueueJournal::new(log, group, true);
         journal.count_live(&messages, &moved, records_by_segment);
         journal.reclaim(true);
@@ -495,6 +503,7 @@ impl QueueJournal {
         }
         let log = SegmentLog::recover(dir, |_| {})?;
         let log = LogBuffer::new(log, settings.segment_size_bytes);
+        log.retry_after_failures();
         Ok(QueueJournal::new(log, group, false))
     }
 
@@ -637,12 +646,17 @@ impl QueueJournal {
     /// lock is also held by the sync thread across an fsync, and an ack must
     /// not wait for that.
     pub fn reclaim(&mut self, mut always: bool) {
-        if self.log.has_failed() {
+        if self.log.has_failed() || self.reclaim_disabled {
             // Copies moved by compaction may have died in the buffer with
             // the failure: the old segments stay, and recovery sorts it out.
             return;
         }
         if let Some(sequence) = self.reclaim_after {
+            if self.log.is_lost(sequence) {
+                tracing::warn!(dir = %self.log.dir().display(), "copies moved by compaction were lost with a failed write: this journal's old segments are kept until restart");
+                self.reclaim_disabled = true;
+                return;
+            }
             if !self.log.is_synced(sequence) {
                 return;
             }
@@ -700,7 +714,7 @@ impl QueueJournal {
 
     /// Whether a run of sparse segments waits for compaction.
     pub fn wants_compaction(&self) -> bool {
-        self.compaction_wanted && self.reclaim_after.is_none()
+        self.compaction_wanted && self.reclaim_after.is_none() && !self.reclaim_disabled
     }
 
     /// The segments to scan for compaction, and the log to scan them in.
@@ -751,6 +765,7 @@ impl QueueJournal {
     /// how many moved.
     pub fn relocate(&mut self, found: Vec<FoundMessage>) -> usize {
         let mut moved = 0;
+        let mut last_copy = 0;
         for message in found {
             if !self.is_live(&message) {
                 continue;
@@ -763,9 +778,10 @@ impl QueueJournal {
                 self.log
                     .append_unsynced(&self.group, kind, &[&message.payload])
             };
-            let Some((location, _)) = appended else {
+            let Some((location, sequence)) = appended else {
                 break;
             };
+            last_copy = last_copy.max(sequence);
             let old_segment = message.location.segment;
             if let Some(old) = self.liveness.get_mut(&old_segment) {
                 if self.relocated.contains_key(&message.offset) {
@@ -785,9 +801,13 @@ impl QueueJournal {
             // An empty ack record that needs the disk: the round carrying it
             // fsyncs everything before it, the moved copies included, and the
             // old segments may go once it is synced.
-            if let Some((_, sequence)) = self.log.append(&self.group, KIND_ACKS, &[&[]]) {
-                self.reclaim_after = Some(sequence);
-            }
+            // Without it (the log failed meanwhile), the last copy's own
+            // sequence says whether the copies survived.
+            self.reclaim_after = Some(
+                self.log
+                    .append(&self.group, KIND_ACKS, &[&[]])
+                    .map_or(last_copy, |(_, sequence)| sequence),
+            );
         }
         self.compaction_wanted = false;
         moved

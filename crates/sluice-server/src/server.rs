@@ -156,6 +156,7 @@ pub async fn start_with_cluster_listener(
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    ignore_file_size_signal();
     // Checked first: a misconfigured cluster stops the node before anything
     // is opened.
     let membership = config.cluster.membership().map_err(ServerError::Cluster)?;
@@ -612,4 +613,16 @@ pub async fn run(
     tracing::info!("shutting down");
     server.stop().await;
     Ok(())
+}
+
+/// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose
+/// default kills the process with a core dump. Ignored, the write fails
+/// with EFBIG instead, which a journal handles like any failed write: what
+/// it held is nacked, and it is written to again once the limit allows.
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no
+    // handler code; it is safe at any time.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
 }

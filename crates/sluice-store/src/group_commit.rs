@@ -46,7 +46,13 @@ struct Pending {
     head_segment: u64,
     head_size: u64,
     next_sequence: Sequence,
+    /// A write failed: appends are refused, until `retry_at` when the log
+    /// retries failures, for good otherwise.
     failed: bool,
+    retry_at: Option<Instant>,
+    /// Sequences whose appends died with a failed write, as ranges; each
+    /// failure adds one, at most [`LOST_RANGES_MAX`].
+    lost: Vec<(Sequence, Sequence)>,
     destroyed: bool,
     /// Something buffered must be fsynced (not only records that can be
     /// lost in a crash without harm).
@@ -77,7 +83,24 @@ pub struct LogBuffer {
     /// A helper thread is zero-filling; at most one per log at a time.
     preallocating: Arc<AtomicBool>,
     written_signal_requested: AtomicBool,
+    /// After a failed write, take appends again once a backoff passed
+    /// (queue journals), rather than never (Raft logs, which must not
+    /// carry on with a hole).
+    retries_after_failure: AtomicBool,
+    /// The wait before the next retry; doubles with each failure in a row.
+    retry_backoff: Mutex<Duration>,
+    /// Whether any write ever failed: reading `lost` is needed only then.
+    ever_lost: AtomicBool,
 }
+
+/// The first wait before a failed log is written to again, and the
+/// longest: it doubles with each failure in a row.
+const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Failures a log retries in its life; past this it stays failed (the disk
+/// is not coming back, and the ranges of lost appends stay small).
+const LOST_RANGES_MAX: usize = 1024;
 
 /// How long deleting or dropping a log waits for a segment being zero-filled:
 /// a 1 GiB segment at a slow disk's 100 MB/s.
@@ -137,6 +160,9 @@ impl LogBuffer {
             readers: Mutex::new(BTreeMap::new()),
             written_signal: Mutex::new(None),
             written_signal_requested: AtomicBool::new(false),
+            retries_after_failure: AtomicBool::new(false),
+            retry_backoff: Mutex::new(RETRY_BACKOFF_MIN),
+            ever_lost: AtomicBool::new(false),
             pending: Mutex::new(Pending {
                 writing: Vec::new(),
                 chunks: Vec::new(),
@@ -146,6 +172,8 @@ impl LogBuffer {
                 needs_sync: false,
                 durable_appends: 0,
                 failed: false,
+                retry_at: None,
+                lost: Vec::new(),
                 destroyed: false,
             }),
             log: Mutex::new(log),
@@ -187,7 +215,7 @@ impl LogBuffer {
         needs_sync: bool,
     ) -> Option<(Location, Sequence)> {
         let mut pending = lock(&self.pending);
-        if pending.failed || pending.destroyed {
+        if pending.destroyed || (pending.failed && !self.retry_now(&mut pending)) {
             return None;
         }
         pending.needs_sync |= needs_sync;
@@ -267,12 +295,52 @@ impl LogBuffer {
 
     /// Whether the append with this sequence number is on disk.
     pub fn is_synced(&self, sequence: Sequence) -> bool {
-        self.synced_sequence.load(Ordering::Acquire) >= sequence
+        self.synced_sequence.load(Ordering::Acquire) >= sequence && !self.is_lost(sequence)
     }
 
-    /// Whether writing this log failed: its waiting appends never become durable.
+    /// The directory the log's segments are in.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Whether writing this log failed and it takes no appends now.
     pub fn has_failed(&self) -> bool {
         lock(&self.pending).failed
+    }
+
+    /// Whether the append numbered `sequence` died with a failed write: it
+    /// will never be durable.
+    pub fn is_lost(&self, sequence: Sequence) -> bool {
+        self.ever_lost.load(Ordering::Acquire)
+            && lock(&self.pending)
+                .lost
+                .iter()
+                .any(|(first, last)| (*first..=*last).contains(&sequence))
+    }
+
+    /// After a failed write, take appends again once the backoff passed
+    /// (see [`Self::retry_now`]); queue journals do, Raft logs do not.
+    pub fn retry_after_failures(&self) {
+        self.retries_after_failure.store(true, Ordering::Release);
+    }
+
+    /// Whether a failed log takes appends again now: its backoff passed.
+    /// They go to a new segment, past whatever the failed write left in
+    /// the old one (recovery skips a torn record in an older segment).
+    fn retry_now(&self, pending: &mut Pending) -> bool {
+        match pending.retry_at {
+            Some(at) if Instant::now() >= at => {
+                pending.failed = false;
+                pending.retry_at = None;
+                if pending.head_size > 0 {
+                    pending.head_segment += 1;
+                    pending.head_size = 0;
+                }
+                tracing::warn!(dir = %self.dir.display(), "writing to a log again after its write failed");
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Reads back the record at `location`: from the buffer when it has not
@@ -516,15 +584,34 @@ impl LogBuffer {
         }
         drop(log);
         self.synced_sequence.store(last_sequence, Ordering::Release);
+        if self.ever_lost.load(Ordering::Acquire) {
+            *lock(&self.retry_backoff) = RETRY_BACKOFF_MIN;
+        }
         Ok(())
     }
 
+    /// A write failed: everything not synced is lost (its confirms become
+    /// nacks), and appends are refused, for a backoff when the log retries.
     fn mark_failed(&self, group: &GroupCommit) {
         let mut pending = lock(&self.pending);
+        let first_lost = self.synced_sequence.load(Ordering::Acquire) + 1;
+        let last_lost = pending.next_sequence - 1;
+        if first_lost <= last_lost {
+            pending.lost.push((first_lost, last_lost));
+            self.ever_lost.store(true, Ordering::Release);
+        }
         pending.failed = true;
         pending.chunks.clear();
         pending.writing.clear();
         group.forget_unwritten(self.unwritten_bytes.swap(0, Ordering::Relaxed));
+        if self.retries_after_failure.load(Ordering::Acquire)
+            && pending.lost.len() < LOST_RANGES_MAX
+        {
+            let mut backoff = lock(&self.retry_backoff);
+            pending.retry_at = Some(Instant::now() + *backoff);
+            tracing::warn!(dir = %self.dir.display(), retry_in_ms = backoff.as_millis() as u64, "a log's write failed; its unconfirmed appends are nacked, and it is written to again after a pause");
+            *backoff = (*backoff * 2).min(RETRY_BACKOFF_MAX);
+        }
     }
 }
 

@@ -54,7 +54,7 @@ impl ClassicQueue {
         if let Some(sequence) = waits_for {
             // The old copies go only once the moved ones are durable.
             let deadline = std::time::Instant::now() + COMPACTION_SYNC_WAIT_MAX;
-            while !log.is_synced(sequence) && !log.has_failed() {
+            while !log.is_synced(sequence) && !log.is_lost(sequence) {
                 if std::time::Instant::now() > deadline {
                     return;
                 }

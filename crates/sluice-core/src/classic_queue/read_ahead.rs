@@ -134,7 +134,7 @@ impl ClassicQueue {
     pub(super) fn read_paged(&self, state: &QueueState, paged: &PagedMessage) -> Option<Message> {
         let journal = state.journal.as_ref()?;
         let location = journal.resolve(paged.offset, paged.location());
-        match read_message(journal.log(), location) {
+        match read_moved_or_original(journal.log(), paged, location) {
             Ok(message) => Some(message),
             Err(error) => {
                 tracing::error!(queue = %self.name, offset = paged.offset, %error, "a paged message cannot be read back; it is dropped");
@@ -177,7 +177,7 @@ impl ClassicQueue {
             // Read without it: publishers keep appending meanwhile.
             let read: Vec<_> = batch
                 .iter()
-                .map(|(_, location)| read_message(&log, *location))
+                .map(|(paged, location)| read_moved_or_original(&log, paged, *location))
                 .collect();
             let mut state = self.lock();
             self.hand_over_read(&mut state, &batch, read);
@@ -268,4 +268,21 @@ impl ClassicQueue {
             state.paged.shrink_to(keep);
         }
     }
+}
+
+/// Reads a paged message at `location`, where compaction may have moved
+/// it; if that copy cannot be read (it died with a failed write, which
+/// keeps the old segments), from where it was written first.
+fn read_moved_or_original(
+    log: &sluice_store::LogBuffer,
+    paged: &PagedMessage,
+    location: Location,
+) -> Result<Message, sluice_store::StoreError> {
+    read_message(log, location).or_else(|error| {
+        if location == paged.location() {
+            Err(error)
+        } else {
+            read_message(log, paged.location())
+        }
+    })
 }
