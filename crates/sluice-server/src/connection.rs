@@ -916,6 +916,10 @@ impl Connection {
     }
 
     fn handle_content_frame(&mut self, frame: Frame) -> Flow {
+        // The header and body of a publish are publishing too: a body under
+        // way when an alarm goes off is not read on past it, whatever its
+        // size.
+        self.published_since_alarm_check = true;
         let channel_id = frame.channel;
         // Content on channel 0 or on a channel never opened: RabbitMQ's
         // command assembler expects a method there.

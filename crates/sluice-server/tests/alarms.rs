@@ -422,3 +422,81 @@ async fn alarms_heartbeats_do_not_close_a_blocked_connection() {
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
 }
+
+/// A large message whose publish began before the memory alarm is not read
+/// on past it: the body frames of a publish under way stop at the alarm as
+/// publishes do, so bodies of any size cannot carry memory past the bound.
+#[tokio::test]
+async fn alarms_body_of_a_large_message_under_way_is_not_read_past_the_alarm() {
+    const BODY_BYTES: usize = 100 << 20;
+    const FRAME_BODY_BYTES: usize = 128 * 1024 - 8;
+    let server = TestServer::start().await;
+    let mut client = RawClient::open(server.address).await;
+    client.open_channel(1).await;
+    client.send_method(1, raw_declare("large")).await;
+    client.read_method().await; // declare-ok
+    client
+        .send_method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: "large".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        )
+        .await;
+    client.send_content_header(1, BODY_BYTES as u64).await;
+    let frame = RawClient::frame_bytes(
+        FrameType::Body as u8,
+        1,
+        &vec![7u8; FRAME_BODY_BYTES],
+        FRAME_END,
+    );
+    // A first part of the body goes in before the alarm.
+    for _ in 0..8 {
+        client.send(&frame).await;
+    }
+    // Read and handled before the alarm, so that what follows is the body
+    // of a publish already under way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set_memory_alarm(&server).await;
+
+    let written_bytes = Arc::new(AtomicUsize::new(0));
+    let frames = BODY_BYTES / FRAME_BODY_BYTES - 8;
+    let writer = tokio::spawn({
+        let written_bytes = Arc::clone(&written_bytes);
+        async move {
+            for _ in 0..frames {
+                client.send(&frame).await;
+                written_bytes.fetch_add(FRAME_BODY_BYTES, Ordering::AcqRel);
+            }
+            client
+        }
+    });
+    // The writer stalls: what it sent is not read.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = written_bytes.load(Ordering::Acquire);
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(
+            tokio::time::Instant::now() < deadline && !writer.is_finished(),
+            "the body kept being read past the alarm: {now} bytes"
+        );
+    }
+    assert!(
+        last < BODY_BYTES / 4,
+        "{last} bytes of the body were taken past the alarm"
+    );
+    clear_memory_alarm(&server).await;
+    let _client = tokio::time::timeout(ALARM_TIMEOUT, writer)
+        .await
+        .expect("the rest of the body is read once the alarm clears")
+        .unwrap();
+    server.stop().await;
+}
