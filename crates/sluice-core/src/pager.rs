@@ -64,10 +64,7 @@ impl Pager {
             thread: Mutex::new(None),
         });
         let worker = Arc::clone(&pager);
-        let thread = std::thread::Builder::new()
-            .name("sluice-pager".into())
-            .spawn(move || worker.run())
-            .expect("the pager thread starts");
+        let thread = sluice_store::essential_thread::spawn("sluice-pager", move || worker.run());
         *lock(&pager.thread) = Some(thread);
         pager
     }

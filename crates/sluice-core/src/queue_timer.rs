@@ -79,10 +79,7 @@ impl QueueTimer {
     /// Asks for `queue` to be woken at `at_us` (see [`crate::expiry`]).
     pub fn schedule(queue: Weak<dyn TimedWork>, at_us: u64) {
         TIMER.started.call_once(|| {
-            std::thread::Builder::new()
-                .name("sluice-queue-timer".into())
-                .spawn(|| TIMER.run())
-                .expect("the queue timer thread starts");
+            sluice_store::essential_thread::spawn("sluice-queue-timer", || TIMER.run());
         });
         let mut wake_ups = lock(&TIMER.wake_ups);
         let earliest = wake_ups

@@ -671,10 +671,7 @@ impl GroupCommit {
             budget_waiters: Mutex::new(Vec::new()),
         });
         let worker = Arc::clone(&group);
-        let thread = std::thread::Builder::new()
-            .name("sluice-sync".into())
-            .spawn(move || worker.run(on_round))
-            .expect("the sync thread starts");
+        let thread = crate::essential_thread::spawn("sluice-sync", move || worker.run(on_round));
         *lock(&group.thread) = Some(thread);
         group
     }

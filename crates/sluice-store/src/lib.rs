@@ -11,6 +11,7 @@
 //! Storage code checks length and checksum before writing and again after
 //! reading: a torn or corrupt tail is truncated at recovery, never trusted.
 
+pub mod essential_thread;
 pub mod group_commit;
 pub mod log;
 pub mod record;
