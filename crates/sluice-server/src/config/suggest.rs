@@ -6,7 +6,7 @@ use crate::tcp_listen_options::TCP_LISTEN_KEYS;
 
 /// Every key [`Config::parse`] accepts, for typo suggestions. `loopback_users.<user>` is
 /// listed with the user `guest`, the one people usually write.
-const KNOWN_KEYS: &[&str] = &[
+pub(super) const KNOWN_KEYS: &[&str] = &[
     "listeners.tcp.default",
     "data_dir",
     "default_user",

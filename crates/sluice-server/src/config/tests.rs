@@ -657,3 +657,26 @@ fn log_file_keys() {
     assert!(error("log.file.level = loud")
         .starts_with("line 1: invalid value 'loud' for 'log.file.level'"));
 }
+
+/// The README's configuration block lists every key the server knows, and
+/// the server accepts it as it stands.
+#[test]
+fn readme_configuration_block_is_what_the_server_accepts() {
+    let readme = include_str!("../../../../README.md");
+    let block = readme
+        .split("## Configuration")
+        .nth(1)
+        .and_then(|section| section.split("```ini\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .expect("the README's configuration block");
+    let config = parse(block).unwrap();
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    for key in super::suggest::KNOWN_KEYS
+        .iter()
+        .chain(crate::store_config::STORE_KEYS)
+        .chain(crate::tcp_listen_options::TCP_LISTEN_KEYS)
+        .chain(crate::cluster_config::CLUSTER_KEYS)
+    {
+        assert!(block.contains(key), "the README's block lacks {key}");
+    }
+}
