@@ -55,7 +55,7 @@ async fn data_dir_second_server_on_a_directory_in_use_exits_naming_the_holder() 
 /// word; `store.missing_segments = skip` starts without them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_dir_segment_missing_from_a_journal_stops_the_start_unless_skipped() {
-    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    use lapin::options::BasicPublishOptions;
     use lapin::BasicProperties;
 
     let dir = std::env::temp_dir().join(format!("sluice-missing-segment-{}", std::process::id()));
@@ -66,39 +66,13 @@ async fn data_dir_segment_missing_from_a_journal_stops_the_start_unless_skipped(
     std::fs::write(&config, "store.segment_size = 1MiB\n").unwrap();
     let port = free_port();
     let start = |config: &std::path::Path| {
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
-                "server",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(&data_dir)
-            .arg("--config")
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+        support::server_command(port, &data_dir, Some(config))
             .spawn()
             .unwrap()
     };
     let mut server = start(&config);
     let connection = connect(port).await;
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    channel
-        .queue_declare(
-            "ledger".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let channel = support::durable_queue_with_confirms(&connection, "ledger").await;
     // 40 × 100 KiB: four 1 MiB segments.
     let body = vec![7u8; 100 * 1024];
     for _ in 0..40 {
@@ -116,10 +90,7 @@ async fn data_dir_segment_missing_from_a_journal_stops_the_start_unless_skipped(
             .unwrap();
     }
     drop(connection);
-    unsafe {
-        libc::kill(server.id() as i32, libc::SIGTERM);
-    }
-    assert!(server.wait().unwrap().success());
+    assert!(support::stop(&mut server).success());
 
     let queues = data_dir.join("queues");
     let journal = std::fs::read_dir(&queues)

@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-
 use support::{connect, free_port};
 
 #[tokio::test]
@@ -24,18 +22,7 @@ async fn logging_to_a_file_with_the_console_off() {
     )
     .unwrap();
     let port = free_port();
-    let server = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "server",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+    let server = support::server_command(port, &dir.join("data"), Some(&config))
         .spawn()
         .unwrap();
     let connection = connect(port).await;

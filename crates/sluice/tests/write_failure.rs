@@ -7,12 +7,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt as _;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicGetOptions, BasicPublishOptions};
 use lapin::{BasicProperties, Channel};
 use support::{connect, free_port};
 
@@ -45,19 +42,7 @@ async fn write_failure_nacks_then_the_queue_takes_messages_again_once_it_clears(
     std::fs::write(&config, "store.segment_size = 1MiB\n").unwrap();
     let port = free_port();
     let start = |limited: bool| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .args([
-                "server",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(dir.join("data"))
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut command = support::server_command(port, &dir.join("data"), Some(&config));
         if limited {
             // SAFETY: setrlimit is async-signal-safe; nothing else runs
             // between fork and exec here.
@@ -78,22 +63,7 @@ async fn write_failure_nacks_then_the_queue_takes_messages_again_once_it_clears(
     };
     let mut server = start(true);
     let connection = connect(port).await;
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    channel
-        .queue_declare(
-            "limited".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let channel = support::durable_queue_with_confirms(&connection, "limited").await;
 
     // Confirmed until the journal's segment reaches the limit.
     let mut acked = BTreeSet::new();
@@ -153,11 +123,7 @@ async fn write_failure_nacks_then_the_queue_takes_messages_again_once_it_clears(
 
     // Everything confirmed, before and after the failure, survives a restart.
     drop(connection);
-    // SAFETY: signalling a child process of this test.
-    unsafe {
-        libc::kill(server.id() as i32, libc::SIGTERM);
-    }
-    assert!(server.wait().unwrap().success());
+    assert!(support::stop(&mut server).success());
     let mut server = start(false);
     let connection = connect(port).await;
     let channel = connection.create_channel().await.unwrap();

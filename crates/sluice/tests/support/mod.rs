@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lapin::options::QueueDeclareOptions;
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
@@ -54,4 +56,54 @@ pub async fn declare_passive(channel: &Channel, name: &str) -> lapin::Result<lap
             FieldTable::default(),
         )
         .await
+}
+
+/// `sluice server` on `port` with `data_dir` and, when given, a
+/// configuration file: stdout silenced, stderr piped (what a failed start
+/// says is read from it). The caller spawns it.
+pub fn server_command(port: u16, data_dir: &Path, config: Option<&Path>) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args([
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    command.stdout(Stdio::null()).stderr(Stdio::piped());
+    command
+}
+
+/// Stops a server the way an operator does (SIGTERM) and waits for it.
+pub fn stop(server: &mut std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: signalling a child process of this test.
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    server.wait().unwrap()
+}
+
+/// A channel in confirm mode with the durable queue `name` declared.
+pub async fn durable_queue_with_confirms(connection: &Connection, name: &str) -> Channel {
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
 }
