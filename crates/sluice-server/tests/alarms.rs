@@ -272,6 +272,28 @@ fn publish_chunk(queue: &str, publishes: usize) -> Vec<u8> {
     chunk.to_vec()
 }
 
+/// Waits until a writer the broker stopped reading makes no progress for
+/// a while; returns the bytes it got through.
+async fn wait_for_stall<T>(
+    written_bytes: &AtomicUsize,
+    writer: &tokio::task::JoinHandle<T>,
+) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = written_bytes.load(Ordering::Acquire);
+        if now == last {
+            return last;
+        }
+        last = now;
+        assert!(
+            tokio::time::Instant::now() < deadline && !writer.is_finished(),
+            "the writer never stalled: {now} bytes written"
+        );
+    }
+}
+
 const IGNORING_BODY_BYTES: usize = 4096;
 const IGNORING_PUBLISHES_PER_CHUNK: usize = 16;
 /// Far more than socket buffers hold: a broker that kept reading would let
@@ -313,22 +335,7 @@ async fn alarms_publisher_ignoring_the_block_is_not_read_nor_disconnected() {
         }
     });
 
-    // Wait until the writer makes no progress for a while.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut last = usize::MAX;
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = written_bytes.load(Ordering::Acquire);
-        if now == last {
-            break;
-        }
-        last = now;
-        assert!(
-            tokio::time::Instant::now() < deadline && !writer.is_finished(),
-            "the writer never stalled: {now} bytes written"
-        );
-    }
-    let stalled_at = last;
+    let stalled_at = wait_for_stall(&written_bytes, &writer).await;
     assert!(stalled_at < IGNORING_OFFERED_BYTES_MAX);
     // While the client keeps trying, the broker's memory stays put: it holds
     // at most one read of the socket. (The bound leaves room for the other
@@ -475,20 +482,7 @@ async fn alarms_body_of_a_large_message_under_way_is_not_read_past_the_alarm() {
         }
     });
     // The writer stalls: what it sent is not read.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut last = usize::MAX;
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = written_bytes.load(Ordering::Acquire);
-        if now == last {
-            break;
-        }
-        last = now;
-        assert!(
-            tokio::time::Instant::now() < deadline && !writer.is_finished(),
-            "the body kept being read past the alarm: {now} bytes"
-        );
-    }
+    let last = wait_for_stall(&written_bytes, &writer).await;
     assert!(
         last < BODY_BYTES / 4,
         "{last} bytes of the body were taken past the alarm"

@@ -20,7 +20,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Consumer};
 use support::cluster::{channel_on, cluster, Node};
-use support::declare_passive;
+use support::{declare_durable, declare_passive};
 
 fn started(test: &str) -> Vec<Node> {
     let mut nodes = cluster(test, &["secret", "secret", "secret"]);
@@ -28,20 +28,6 @@ fn started(test: &str) -> Vec<Node> {
         node.start();
     }
     nodes
-}
-
-async fn declare_durable(channel: &Channel, name: &str) {
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("queue declared");
 }
 
 async fn passive_count(channel: &Channel, name: &str) -> (u32, u32) {

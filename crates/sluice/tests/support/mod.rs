@@ -87,13 +87,8 @@ pub fn stop(server: &mut std::process::Child) -> std::process::ExitStatus {
     server.wait().unwrap()
 }
 
-/// A channel in confirm mode with the durable queue `name` declared.
-pub async fn durable_queue_with_confirms(connection: &Connection, name: &str) -> Channel {
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+/// Declares the durable queue `name`.
+pub async fn declare_durable(channel: &Channel, name: &str) {
     channel
         .queue_declare(
             name.into(),
@@ -104,6 +99,16 @@ pub async fn durable_queue_with_confirms(connection: &Connection, name: &str) ->
             FieldTable::default(),
         )
         .await
+        .expect("queue declared");
+}
+
+/// A channel in confirm mode with the durable queue `name` declared.
+pub async fn durable_queue_with_confirms(connection: &Connection, name: &str) -> Channel {
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
         .unwrap();
+    declare_durable(&channel, name).await;
     channel
 }
