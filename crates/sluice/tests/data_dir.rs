@@ -58,9 +58,7 @@ async fn data_dir_segment_missing_from_a_journal_stops_the_start_unless_skipped(
     use lapin::options::BasicPublishOptions;
     use lapin::BasicProperties;
 
-    let dir = std::env::temp_dir().join(format!("sluice-missing-segment-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::fresh_dir("missing-segment");
     let data_dir = dir.join("data");
     let config = dir.join("sluice.conf");
     std::fs::write(&config, "store.segment_size = 1MiB\n").unwrap();
@@ -106,7 +104,12 @@ async fn data_dir_segment_missing_from_a_journal_stops_the_start_unless_skipped(
     assert!(segments.len() >= 3, "{segments:?}");
     std::fs::remove_file(&segments[1]).unwrap();
 
-    let refused = start(&config).wait_with_output().unwrap();
+    let refused = support::server_command(port, &data_dir, Some(&config))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("missing segment file"), "{stderr}");

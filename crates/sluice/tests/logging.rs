@@ -8,9 +8,7 @@ use support::{connect, free_port};
 
 #[tokio::test]
 async fn logging_to_a_file_with_the_console_off() {
-    let dir = std::env::temp_dir().join(format!("sluice-logging-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::fresh_dir("logging");
     let log = dir.join("sluice.log");
     let config = dir.join("sluice.conf");
     std::fs::write(
@@ -23,6 +21,7 @@ async fn logging_to_a_file_with_the_console_off() {
     .unwrap();
     let port = free_port();
     let server = support::server_command(port, &dir.join("data"), Some(&config))
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let connection = connect(port).await;

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -13,21 +13,9 @@ use support::{connect, free_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perf_cli_runs_a_perftest_command_line_against_a_predeclared_queue() {
-    let dir = std::env::temp_dir().join(format!("sluice-perf-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = support::fresh_dir("perf-cli");
     let port = free_port();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "server",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut server = support::server_command(port, &dir, None).spawn().unwrap();
     // A queue declared otherwise than PerfTest would (not auto-delete, with
     // an argument): only -p lets the run use it.
     let connection = connect(port).await;

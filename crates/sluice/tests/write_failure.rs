@@ -35,9 +35,7 @@ async fn publish(channel: &Channel, number: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_failure_nacks_then_the_queue_takes_messages_again_once_it_clears() {
-    let dir = std::env::temp_dir().join(format!("sluice-write-failure-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::fresh_dir("write-failure");
     let config = dir.join("sluice.conf");
     std::fs::write(&config, "store.segment_size = 1MiB\n").unwrap();
     let port = free_port();

@@ -101,14 +101,6 @@ impl MetadataProposer {
         let _ = self.liveness.set(liveness);
     }
 
-    /// Whether `node` is reachable; a node of a cluster of one knows no
-    /// other and takes them for up.
-    pub fn is_node_up(&self, node: &str) -> bool {
-        self.liveness
-            .get()
-            .is_none_or(|liveness| liveness.is_up(node))
-    }
-
     /// Installs the way to queues homed on other nodes.
     pub fn install_forwarding(&self, forwarding: Arc<dyn Forwarding>) {
         let _ = self.forwarding.set(forwarding);

@@ -157,19 +157,19 @@ impl ClientSide {
         }
     }
 
-    /// A request or a consume refused by the home node.
-    pub fn failed(&mut self, id: u64, error: AmqpError) {
+    /// A request or a consume refused by the home node, in its words.
+    pub fn failed(&mut self, id: u64, code: u16, text: String) {
         if let Some(mut proxy) = self.proxies.remove(&id) {
             if let Some(started) = proxy.started.take() {
-                let _ = started.send(Err(error));
+                let _ = started.send(Err(refusal(code, text)));
             }
             return;
         }
         if let Some(reply) = self.requests.remove(&id) {
             let _ = reply.send(Op::Failed {
                 request: id,
-                code: error.code.code(),
-                text: error.text.to_string(),
+                code,
+                text,
             });
         }
     }
@@ -363,12 +363,17 @@ pub fn home_down(home: &str, key: &QueueKey) -> AmqpError {
 /// A request's reply as the caller wants it, or the home node's refusal.
 pub fn reply_or_error(reply: Op) -> AmqpResult<Op> {
     match reply {
-        Op::Failed { code, text, .. } => Err(AmqpError::new(
-            ReplyCode::from_code(code).unwrap_or(ReplyCode::InternalError),
-            text,
-        )),
+        Op::Failed { code, text, .. } => Err(refusal(code, text)),
         other => Ok(other),
     }
+}
+
+/// The home node's AMQP reply, as this node's channel fails with it.
+fn refusal(code: u16, text: String) -> AmqpError {
+    AmqpError::new(
+        ReplyCode::from_code(code).unwrap_or(ReplyCode::InternalError),
+        text,
+    )
 }
 
 /// The stats a Counted reply carries.

@@ -206,18 +206,7 @@ impl PeerForwarding {
                 request,
                 code,
                 text,
-            } => {
-                let error = client::reply_or_error(Op::Failed {
-                    request,
-                    code,
-                    text,
-                })
-                .err()
-                .unwrap_or_else(|| {
-                    AmqpError::new(sluice_wire::reply_code::ReplyCode::InternalError, "refused")
-                });
-                lock(&session.client).failed(request, error);
-            }
+            } => lock(&session.client).failed(request, code, text),
             Op::Deliver {
                 consumer,
                 message_id,
@@ -234,19 +223,10 @@ impl PeerForwarding {
                     consumer.sink.cancelled_by_queue(&consumer);
                 }
             }
-            reply @ (Op::GetOk { .. }
-            | Op::GetEmpty { .. }
-            | Op::Purged { .. }
-            | Op::Counted { .. }) => {
-                let request = match &reply {
-                    Op::GetOk { request, .. }
-                    | Op::GetEmpty { request }
-                    | Op::Purged { request, .. }
-                    | Op::Counted { request, .. } => *request,
-                    _ => unreachable!("matched above"),
-                };
-                lock(&session.client).reply(request, reply);
-            }
+            reply @ (Op::GetOk { request, .. }
+            | Op::GetEmpty { request }
+            | Op::Purged { request, .. }
+            | Op::Counted { request, .. }) => lock(&session.client).reply(request, reply),
         }
     }
 

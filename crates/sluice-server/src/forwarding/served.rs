@@ -356,10 +356,16 @@ impl Served {
         if self.ended.load(Ordering::SeqCst) {
             return false;
         }
-        outstanding
-            .entry(key.clone())
-            .or_default()
-            .insert(message, consumer);
+        // Looked up first: the key is cloned only for a queue's first
+        // message out, not for every delivery.
+        match outstanding.get_mut(key) {
+            Some(of_queue) => {
+                of_queue.insert(message, consumer);
+            }
+            None => {
+                outstanding.insert(key.clone(), HashMap::from([(message, consumer)]));
+            }
+        }
         true
     }
 

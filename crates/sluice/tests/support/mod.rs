@@ -58,9 +58,18 @@ pub async fn declare_passive(channel: &Channel, name: &str) -> lapin::Result<lap
         .await
 }
 
+/// An empty directory of this test process's own, named after `name`.
+pub fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// `sluice server` on `port` with `data_dir` and, when given, a
-/// configuration file: stdout silenced, stderr piped (what a failed start
-/// says is read from it). The caller spawns it.
+/// configuration file, its output silenced (a test that reads stderr pipes
+/// it and reads it: an unread pipe fills and stalls the server's logging).
+/// The caller spawns it.
 pub fn server_command(port: u16, data_dir: &Path, config: Option<&Path>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command
@@ -74,7 +83,7 @@ pub fn server_command(port: u16, data_dir: &Path, config: Option<&Path>) -> Comm
     if let Some(config) = config {
         command.arg("--config").arg(config);
     }
-    command.stdout(Stdio::null()).stderr(Stdio::piped());
+    command.stdout(Stdio::null()).stderr(Stdio::null());
     command
 }
 
