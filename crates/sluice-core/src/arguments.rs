@@ -570,12 +570,12 @@ mod tests {
             "{}",
             error.text
         );
-        let mut quorum = FieldTable::default();
-        quorum.insert(
+        let mut stream = FieldTable::default();
+        stream.insert(
             "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
+            AMQPValue::LongString("stream".into()),
         );
-        let error = check_queue_arguments(&quorum, "queue 'q' in vhost '/'").unwrap_err();
+        let error = check_queue_arguments(&stream, "queue 'q' in vhost '/'").unwrap_err();
         assert!(
             error.text.contains("not supported by this node"),
             "{}",

@@ -35,6 +35,8 @@ pub enum DeathReason {
     /// Dropped by `x-max-length`/`x-max-length-bytes`: the oldest under
     /// drop-head, the new one under reject-publish-dlx.
     Maxlen,
+    /// Returned more often than a quorum queue's `x-delivery-limit`.
+    DeliveryLimit,
 }
 
 impl DeathReason {
@@ -43,6 +45,7 @@ impl DeathReason {
             DeathReason::Rejected => "rejected",
             DeathReason::Expired => "expired",
             DeathReason::Maxlen => "maxlen",
+            DeathReason::DeliveryLimit => "delivery_limit",
         }
     }
 }

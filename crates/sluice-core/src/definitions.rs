@@ -73,6 +73,10 @@ pub struct QueueDefinition {
     /// [`crate::queue::QueueOptions::declared_at`]).
     #[serde(default)]
     pub declared_at: u64,
+    /// A quorum queue's members, its home (the first leader) first; empty
+    /// for other kinds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 fn durable_by_default() -> bool {

@@ -208,6 +208,7 @@ impl DefinitionsFile {
                     home: Some(node.name.to_string()),
                     home_incarnation: node.incarnation,
                     declared_at: 0,
+                    members: Vec::new(),
                 },
                 connection: 0,
             });

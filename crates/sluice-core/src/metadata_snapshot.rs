@@ -65,6 +65,7 @@ mod tests {
                 home: Some(home.into()),
                 home_incarnation: 7,
                 declared_at: 0,
+                members: Vec::new(),
             },
             connection: 0,
         }

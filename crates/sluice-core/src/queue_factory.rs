@@ -14,6 +14,8 @@ use crate::queue::{Queue, QueueHost, QueueOptions};
 use crate::queue_journal::QueueJournal;
 use crate::queue_limits::QueueLimits;
 use crate::queue_type::QueueType;
+use crate::quorum_queue::replication::QuorumGroups;
+use crate::quorum_queue::{QuorumQueue, QuorumQueueSpec};
 
 /// A queue to create, or to recover from its saved definition.
 pub struct QueueSpec<'a> {
@@ -29,6 +31,8 @@ pub struct QueueSpec<'a> {
     /// A recovered durable queue's journal directory; a new durable queue
     /// gets a fresh one.
     pub store_id: Option<String>,
+    /// The node's consensus, for a quorum queue's member.
+    pub quorum_groups: Option<&'a Arc<dyn QuorumGroups>>,
 }
 
 /// Why a queue could not be made.
@@ -48,6 +52,7 @@ pub enum QueueCreateError {
 pub fn create_queue(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError> {
     match QueueType::of_arguments(&spec.options.arguments) {
         Some(QueueType::Classic) => Ok(create_classic(spec)?),
+        Some(QueueType::Quorum) => create_quorum(spec),
         Some(other) => Err(QueueCreateError::Unsupported(other.as_str().to_owned())),
         None => Err(QueueCreateError::Unsupported(
             spec.options
@@ -58,6 +63,37 @@ pub fn create_queue(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateEr
                 .unwrap_or_default(),
         )),
     }
+}
+
+/// This node's member of a quorum queue, its log beside the classic
+/// queues' journals (a directory of its own, named by the metadata).
+fn create_quorum(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError> {
+    let unsupported = || QueueCreateError::Unsupported(QueueType::Quorum.as_str().to_owned());
+    let groups = spec.quorum_groups.ok_or_else(unsupported)?;
+    let store = spec.store.ok_or_else(unsupported)?;
+    let store_id = spec.store_id.unwrap_or_else(new_store_id);
+    let local = groups.local_node();
+    let members = if spec.options.members.is_empty() {
+        vec![local]
+    } else {
+        spec.options.members.clone()
+    };
+    let preferred_leader = members[0].clone();
+    Ok(QuorumQueue::create(
+        QuorumQueueSpec {
+            name: spec.name,
+            vhost: spec.vhost,
+            dir: store.queue_dir(&store_id),
+            store_id,
+            effective_arguments: spec.effective_arguments.clone(),
+            host: spec.host,
+            members,
+            preferred_leader,
+            node_number: groups.node_number(),
+            options: spec.options,
+        },
+        groups,
+    ))
 }
 
 fn create_classic(spec: QueueSpec<'_>) -> Result<Arc<ClassicQueue>, QueueCreateError> {

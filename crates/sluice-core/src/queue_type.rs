@@ -37,7 +37,7 @@ impl QueueType {
 
     /// Whether this node can create queues of this kind.
     pub fn is_supported(self) -> bool {
-        matches!(self, QueueType::Classic)
+        matches!(self, QueueType::Classic | QueueType::Quorum)
     }
 
     /// The names of the kinds this node can create, for error texts.
@@ -97,6 +97,6 @@ mod tests {
             AMQPValue::LongString("quorum".into()),
         );
         assert_eq!(QueueType::of_arguments(&quorum), Some(QueueType::Quorum));
-        assert_eq!(QueueType::supported_names(), vec!["classic"]);
+        assert_eq!(QueueType::supported_names(), vec!["classic", "quorum"]);
     }
 }

@@ -40,6 +40,7 @@ pub mod node_monitor;
 pub mod outbox;
 #[cfg(test)]
 mod panic_failpoint;
+pub mod quorum_groups;
 pub mod resource_limit;
 pub mod server;
 pub mod settings;

@@ -33,9 +33,11 @@ use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
 use crate::node_monitor;
+use crate::quorum_groups::NodeQuorumGroups;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
+use sluice_core::quorum_queue::replication::QuorumGroups;
 
 /// Open connections get this long to finish their close handshake when the
 /// broker shuts down.
@@ -88,6 +90,8 @@ pub struct RunningServer {
     links: Option<Arc<Links>>,
     /// The metadata group: exchanges, queues and bindings of the cluster.
     metadata: Arc<RaftGroup>,
+    /// The groups of the quorum queues this node holds a member of.
+    quorum_groups: Arc<NodeQuorumGroups>,
     /// Held while the server runs: no second server on this data directory.
     _data_dir_lock: DataDirLock,
 }
@@ -127,6 +131,7 @@ impl RunningServer {
         let _ = self.task.await;
         // After the connections: their exclusive queues' deletions may
         // still be on their way through the log.
+        self.quorum_groups.stop_all().await;
         self.metadata.shutdown().await;
         if let Some(links) = &self.links {
             links.shutdown();
@@ -192,6 +197,7 @@ pub async fn start_with_cluster_listener(
         broker,
         links,
         metadata,
+        quorum_groups,
     } = node;
     // Only now, as RabbitMQ: a client that connects before the node has
     // joined its cluster and caught up is refused, and retries, rather
@@ -199,6 +205,7 @@ pub async fn start_with_cluster_listener(
     let (listener, local_address) = match bind_amqp(&config) {
         Ok(bound) => bound,
         Err(error) => {
+            quorum_groups.stop_all().await;
             metadata.shutdown().await;
             if let Some(links) = &links {
                 links.shutdown();
@@ -242,6 +249,7 @@ pub async fn start_with_cluster_listener(
         in_flight,
         links,
         metadata,
+        quorum_groups,
         _data_dir_lock: data_dir_lock,
     })
 }
@@ -252,6 +260,7 @@ struct OpenNode {
     broker: Arc<Broker>,
     links: Option<Arc<Links>>,
     metadata: Arc<RaftGroup>,
+    quorum_groups: Arc<NodeQuorumGroups>,
 }
 
 /// The broker of a node: linked with its peers, its metadata log started
@@ -308,18 +317,31 @@ async fn open_node(
             links.shutdown();
         }
     };
-    let metadata =
-        match start_metadata_log(config, &broker, local, members, links.clone(), store).await {
-            Ok(metadata) => metadata,
-            Err(error) => {
-                stop_links(&links);
-                return Err(error);
-            }
-        };
+    let consensus = ConsensusNode::new(links.clone(), Arc::clone(&store.group));
+    // Before the metadata log replays: the quorum queues it declares start
+    // their members on it.
+    let quorum_groups = Arc::new(NodeQuorumGroups {
+        consensus: Arc::clone(&consensus),
+        local: local.clone(),
+        node_number: u16::try_from(node_number).expect("at most CLUSTER_NODES_MAX members"),
+        confirm_progress: Arc::clone(confirm_progress),
+        running: Arc::default(),
+    });
+    broker
+        .metadata
+        .install_quorum_groups(Arc::clone(&quorum_groups) as Arc<dyn QuorumGroups>);
+    let metadata = match start_metadata_log(config, &broker, local, members, &consensus).await {
+        Ok(metadata) => metadata,
+        Err(error) => {
+            stop_links(&links);
+            return Err(error);
+        }
+    };
     let caught_up = catch_up(&broker, store, loaded.as_ref(), whole_cluster).await;
     if let Err(error) =
         caught_up.and_then(|()| broker.finish_start().map_err(ServerError::Recovery))
     {
+        quorum_groups.stop_all().await;
         metadata.shutdown().await;
         stop_links(&links);
         return Err(error);
@@ -331,6 +353,7 @@ async fn open_node(
         broker,
         links,
         metadata,
+        quorum_groups,
     })
 }
 
@@ -341,8 +364,7 @@ async fn start_metadata_log(
     broker: &Arc<Broker>,
     local: NodeName,
     members: Vec<NodeName>,
-    links: Option<Arc<Links>>,
-    store: &Arc<DefinitionStore>,
+    consensus: &Arc<ConsensusNode>,
 ) -> Result<Arc<RaftGroup>, ServerError> {
     let replicated = members.len() > 1;
     let settings = GroupSettings::new(
@@ -354,7 +376,6 @@ async fn start_metadata_log(
     let state_machine = Box::new(MetadataStateMachine {
         broker: Arc::clone(broker),
     });
-    let consensus = ConsensusNode::new(links, Arc::clone(&store.group));
     let group = consensus
         .start_group(settings, state_machine)
         .await

@@ -500,7 +500,7 @@ async fn queues_declare_ok_counts_ready_messages_and_consumers() {
 }
 
 #[tokio::test]
-async fn queues_queue_type_classic_accepted_others_refused() {
+async fn queues_queue_type_classic_and_quorum_accepted_stream_refused() {
     let server = TestServer::start().await;
     let (connection, channel) = open(&server).await;
     declare_with(
@@ -511,7 +511,18 @@ async fn queues_queue_type_classic_accepted_others_refused() {
     )
     .await
     .unwrap();
-    for queue_type in ["quorum", "stream"] {
+    declare_with(
+        &channel,
+        "quorum",
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        table(&[("x-queue-type", text("quorum"))]),
+    )
+    .await
+    .unwrap();
+    for queue_type in ["stream"] {
         let channel = connection.create_channel().await.unwrap();
         let (code, text_) = amqp_error(
             declare_with(

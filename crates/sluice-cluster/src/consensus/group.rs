@@ -40,6 +40,9 @@ pub struct GroupSettings {
     /// Entries between snapshots; the log keeps as many behind the last
     /// snapshot for members that lag a little.
     pub snapshot_every: u64,
+    /// A new group's first leader, if this member: it stands for election
+    /// at once instead of waiting out an election timeout.
+    pub stands_first: bool,
 }
 
 impl GroupSettings {
@@ -55,6 +58,7 @@ impl GroupSettings {
             heartbeat_interval: Duration::from_millis(500),
             election_timeout: (Duration::from_millis(1500), Duration::from_millis(3000)),
             snapshot_every: 1000,
+            stands_first: false,
         }
     }
 
@@ -154,11 +158,11 @@ impl ConsensusNode {
                 propose_timeout,
             },
         );
-        if !raft
+        let fresh = !raft
             .is_initialized()
             .await
-            .map_err(|error| fatal(error.to_string()))?
-        {
+            .map_err(|error| fatal(error.to_string()))?;
+        if fresh {
             let members: BTreeMap<u64, BasicNode> = settings
                 .members
                 .iter()
@@ -174,7 +178,7 @@ impl ConsensusNode {
                 tracing::debug!(group, %error, "group initialized by another member");
             }
         }
-        if settings.members.len() == 1 {
+        if settings.members.len() == 1 || (settings.stands_first && fresh) {
             // Alone, it need not wait an election timeout to find out that
             // nobody else leads: it stands at once.
             raft.trigger()

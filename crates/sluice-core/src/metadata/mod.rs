@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::{AmqpError, AmqpResult};
 use crate::queue::forwarding::{ForwardHome, Forwarding};
+use crate::quorum_queue::replication::QuorumGroups;
 use sluice_wire::reply_code::ReplyCode;
 
 /// A proposal on its way through the metadata log.
@@ -86,6 +87,7 @@ pub struct MetadataProposer {
     runtime: OnceLock<tokio::runtime::Handle>,
     liveness: OnceLock<Arc<dyn NodeLiveness>>,
     forwarding: OnceLock<Arc<dyn Forwarding>>,
+    quorum_groups: OnceLock<Arc<dyn QuorumGroups>>,
 }
 
 impl MetadataProposer {
@@ -106,6 +108,16 @@ impl MetadataProposer {
         let _ = self.forwarding.set(forwarding);
     }
 
+    /// Installs the node's consensus for quorum queues: without it, a node
+    /// cannot hold a member of one.
+    pub fn install_quorum_groups(&self, groups: Arc<dyn QuorumGroups>) {
+        let _ = self.quorum_groups.set(groups);
+    }
+
+    pub fn quorum_groups(&self) -> Option<&Arc<dyn QuorumGroups>> {
+        self.quorum_groups.get()
+    }
+
     /// The way to the queues homed on `node`, once installed.
     pub fn forward_home(&self, node: &str) -> Option<Arc<dyn ForwardHome>> {
         self.forwarding.get()?.home(node)
@@ -122,6 +134,24 @@ impl MetadataProposer {
                 .collect(),
             None => vec![local.to_owned()],
         }
+    }
+
+    /// Every member of the cluster, up or not; just `local` in a cluster
+    /// of one.
+    pub fn cluster_nodes(&self, local: &str) -> Vec<String> {
+        match self.liveness.get() {
+            Some(liveness) => liveness.members(),
+            None => vec![local.to_owned()],
+        }
+    }
+
+    /// A node's number: its place in the sorted member list, from 1, as
+    /// the top bits of its connection ids carry it.
+    pub fn node_number_of(&self, node: &str) -> Option<u16> {
+        let mut nodes = self.cluster_nodes(node);
+        nodes.sort();
+        let position = nodes.iter().position(|known| known == node)?;
+        u16::try_from(position + 1).ok()
     }
 
     pub fn is_installed(&self) -> bool {

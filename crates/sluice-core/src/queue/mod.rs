@@ -51,6 +51,8 @@ pub struct QueueOptions {
     /// The run of its home node that declared it (see
     /// [`crate::metadata::NodeIdentity::incarnation`]).
     pub home_incarnation: u64,
+    /// A quorum queue's members (see [`crate::definitions::QueueDefinition::members`]).
+    pub members: Vec<String>,
 }
 
 /// What became of a message offered to a queue.
@@ -290,6 +292,10 @@ pub trait Queue: Send + Sync {
     /// Starts what the queue does with time, once it is shared and its
     /// bindings are in place.
     fn start_timers(&self);
+
+    /// The node numbered `node_number` went down: a queue that keeps
+    /// consumers of other nodes takes back what they held.
+    fn node_down(&self, _node_number: u16) {}
 
     /// Whether publishers into this queue should pause: it has consumers
     /// and they are not keeping up, or its storage is behind.

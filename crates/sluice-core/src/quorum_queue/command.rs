@@ -103,6 +103,13 @@ pub enum Command {
     /// The consumers of a connection are gone (it closed, or its node
     /// died): removed, their deliveries returned.
     ConnectionDown { connection: u64 },
+    /// basic.get: the next ready message, settled at once (`settled`, for
+    /// no-ack) or held by the getter's channel under `consumer` (a tag no
+    /// subscription has) until it settles it.
+    Dequeue { consumer: ConsumerId, settled: bool },
+    /// The node numbered `node` went down: every consumer of its
+    /// connections is gone, its deliveries returned.
+    NodeDown { node: u16 },
     /// queue.purge: every ready message dropped.
     Purge,
     /// Time passed (expiry is judged by log time, the same on every
@@ -147,7 +154,7 @@ pub enum Effect {
 }
 
 /// The answer to an entry, for whoever proposed it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
     /// The enqueue went in (or had gone in already: a resend).
@@ -156,6 +163,9 @@ pub enum Reply {
     Rejected,
     /// The number of messages a purge dropped.
     Purged(u64),
+    /// basic.get's message (with its delivery, to settle it by) and the
+    /// count of ready messages left; None when there was none.
+    Dequeued(Option<(DeliveryId, MessageRef, u64)>),
     /// A settlement named deliveries the consumer does not hold, or a
     /// consumer the queue does not know.
     Unknown,

@@ -19,6 +19,10 @@ use super::command::{
     QueueConfig, Reply,
 };
 
+/// Where a connection id keeps the number of its node (see
+/// `Broker::next_connection_id`).
+pub const NODE_SHIFT: u32 = 48;
+
 /// What becomes of a settled message.
 enum Fate {
     /// Acked (or never to come back): gone.
@@ -76,6 +80,15 @@ pub struct QueueMachine {
     /// Counts consumers subscribing and messages handed out, for the
     /// orders above.
     clock: u64,
+    /// Delivery ids of basic.get, unique for the queue's life: a getter's
+    /// holder comes and goes, and a settlement proposed twice must not
+    /// match a later get.
+    #[serde(default)]
+    next_dequeue: DeliveryId,
+    /// Indexes that left the queue since [`QueueMachine::take_released`]
+    /// was last asked: the member drops their bodies.
+    #[serde(skip)]
+    released: Vec<u64>,
     last_index: u64,
     now_ms: u64,
 }
@@ -91,6 +104,8 @@ impl QueueMachine {
             publishers: BTreeMap::new(),
             live: BTreeSet::new(),
             clock: 0,
+            next_dequeue: 0,
+            released: Vec::new(),
             last_index: 0,
             now_ms: 0,
         }
@@ -126,6 +141,29 @@ impl QueueMachine {
     /// dropped from the log (its message is gone).
     pub fn release_cursor(&self) -> u64 {
         self.live.first().copied().unwrap_or(self.last_index + 1)
+    }
+
+    /// Whether the message enqueued at `index` is still in the queue.
+    pub fn is_live(&self, index: u64) -> bool {
+        self.live.contains(&index)
+    }
+
+    /// Whether `consumer` is still known: subscribed, or cancelled and
+    /// holding deliveries.
+    pub fn has_consumer(&self, consumer: &ConsumerId) -> bool {
+        self.consumers.contains_key(consumer)
+    }
+
+    /// The indexes of the messages that left the queue since the last call.
+    pub fn take_released(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// A message leaves the queue for good.
+    fn release(&mut self, index: u64) {
+        if self.live.remove(&index) {
+            self.released.push(index);
+        }
     }
 
     /// The consumer that gets messages in a single-active-consumer queue.
@@ -199,29 +237,25 @@ impl QueueMachine {
                 &mut effects,
             ),
             Command::ConnectionDown { connection } => {
-                let gone: Vec<ConsumerId> = self
-                    .consumers
-                    .keys()
-                    .filter(|consumer| consumer.connection == connection)
-                    .cloned()
-                    .collect();
-                for consumer in gone {
-                    if let Some(state) = self.consumers.remove(&consumer) {
-                        for message in state.checked_out.into_values() {
-                            if let Fate::Dropped(reason, message) = self.put_back(message) {
-                                self.drop_message(reason, message, &mut effects);
-                            }
-                        }
-                    }
-                }
+                self.remove_consumers(|consumer| consumer.connection == connection, &mut effects);
                 self.publishers
                     .retain(|publisher, _| publisher >> 16 != connection);
                 Reply::Ok
             }
+            Command::NodeDown { node } => {
+                self.remove_consumers(
+                    |consumer| consumer.connection >> NODE_SHIFT == u64::from(node),
+                    &mut effects,
+                );
+                Reply::Ok
+            }
+            Command::Dequeue { consumer, settled } => self.dequeue(consumer, settled, &mut effects),
             Command::Purge => {
                 let purged = (self.ready.len() + self.returned.len()) as u64;
-                for message in self.ready.drain(..).chain(self.returned.drain(..)) {
-                    self.live.remove(&message.index);
+                let mut purged_messages = std::mem::take(&mut self.ready);
+                purged_messages.extend(self.returned.drain(..));
+                for message in purged_messages {
+                    self.release(message.index);
                 }
                 self.ready_bytes = 0;
                 Reply::Purged(purged)
@@ -232,6 +266,60 @@ impl QueueMachine {
         self.serve(&mut effects);
         self.drop_over_limit(&mut effects);
         (reply, effects)
+    }
+
+    /// Removes the consumers `gone` picks; what they held comes back.
+    fn remove_consumers(&mut self, gone: impl Fn(&ConsumerId) -> bool, effects: &mut Vec<Effect>) {
+        let gone: Vec<ConsumerId> = self
+            .consumers
+            .keys()
+            .filter(|id| gone(id))
+            .cloned()
+            .collect();
+        for consumer in gone {
+            if let Some(state) = self.consumers.remove(&consumer) {
+                for message in state.checked_out.into_values() {
+                    if let Fate::Dropped(reason, message) = self.put_back(message) {
+                        self.drop_message(reason, message, effects);
+                    }
+                }
+            }
+        }
+    }
+
+    /// basic.get: the head (expired heads go first), held by `consumer`,
+    /// a holder that is never served, unless `settled`.
+    fn dequeue(&mut self, consumer: ConsumerId, settled: bool, effects: &mut Vec<Effect>) -> Reply {
+        self.expire_head(effects);
+        let Some(message) = self.take_next() else {
+            return Reply::Dequeued(None);
+        };
+        let remaining = (self.ready.len() + self.returned.len()) as u64;
+        let delivery = self.next_dequeue;
+        self.next_dequeue += 1;
+        if settled {
+            self.release(message.index);
+        } else {
+            self.clock += 1;
+            let joined = self.clock;
+            let holder = self
+                .consumers
+                .entry(consumer)
+                .or_insert_with(|| ConsumerState {
+                    spec: ConsumerSpec {
+                        prefetch: 0,
+                        no_ack: false,
+                        priority: 0,
+                    },
+                    checked_out: BTreeMap::new(),
+                    next_delivery: 0,
+                    cancelled: true,
+                    joined,
+                    last_served: 0,
+                });
+            holder.checked_out.insert(delivery, message);
+        }
+        Reply::Dequeued(Some((delivery, message, remaining)))
     }
 
     /// `drop-head`: past a length limit, the oldest ready messages go
@@ -317,7 +405,7 @@ impl QueueMachine {
         for message in taken {
             match fate(self, message) {
                 Fate::Gone => {
-                    self.live.remove(&message.index);
+                    self.release(message.index);
                 }
                 Fate::Requeued => {}
                 Fate::Dropped(reason, message) => self.drop_message(reason, message, effects),
@@ -353,7 +441,7 @@ impl QueueMachine {
         message: MessageRef,
         effects: &mut Vec<Effect>,
     ) {
-        self.live.remove(&message.index);
+        self.release(message.index);
         effects.push(Effect::DeadLetter { reason, message });
     }
 
@@ -416,7 +504,7 @@ impl QueueMachine {
             state.next_delivery += 1;
             state.last_served = clock;
             if state.spec.no_ack {
-                self.live.remove(&message.index);
+                self.release(message.index);
             } else {
                 state.checked_out.insert(delivery, message);
             }

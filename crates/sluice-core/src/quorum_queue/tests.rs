@@ -432,6 +432,7 @@ proptest! {
         for (position, step) in steps.iter().enumerate() {
             let index = position as u64 + 1;
             time += 7;
+            let mut in_queue_before: BTreeSet<u64> = model.places.keys().copied().collect();
             let command = match step.clone() {
                 Step::Enqueue { publisher, resend, size, ttl } => {
                     let publisher = publisher.map(|number| {
@@ -531,6 +532,7 @@ proptest! {
                         prop_assert_eq!(&reply, &Reply::Enqueued);
                         model.places.insert(index, Place::Ready);
                         model.sizes.insert(index, u64::from(size));
+                        in_queue_before.insert(index);
                     }
                 }
                 (Step::Enqueue { .. }, None) => prop_assert_eq!(&reply, &Reply::Enqueued, "a resend"),
@@ -553,10 +555,77 @@ proptest! {
                     prop_assert!(stats.messages_ready <= max);
                 }
             }
+            // What left the queue is reported once, for its body to go.
+            let in_queue_after: BTreeSet<u64> = model.places.keys().copied().collect();
+            let mut released = machine.take_released();
+            released.sort_unstable();
+            let left: Vec<u64> = in_queue_before.difference(&in_queue_after).copied().collect();
+            prop_assert_eq!(released, left, "released after {:?}", step);
             // A snapshot restores to the same machine.
             let snapshot = serde_json::to_vec(&machine).unwrap();
             let restored: QueueMachine = serde_json::from_slice(&snapshot).unwrap();
             prop_assert_eq!(&restored, &machine);
         }
     }
+}
+
+#[test]
+fn quorum_machine_dequeues_and_forgets_the_consumers_of_a_node_that_went_down() {
+    let mut machine = QueueMachine::new(QueueConfig::default());
+    for index in 1..=3 {
+        machine.apply(index, 0, enqueue());
+    }
+    let getter = consumer(7, "basic.get");
+    let dequeue = |settled| Command::Dequeue {
+        consumer: consumer(7, "basic.get"),
+        settled,
+    };
+    let (reply, _) = machine.apply(4, 0, dequeue(false));
+    let Reply::Dequeued(Some((held, message, remaining))) = reply else {
+        panic!("a message to get: {reply:?}");
+    };
+    assert_eq!((message.index, remaining), (1, 2));
+    // Settled at once: gone, under a delivery id never used before.
+    let (reply, _) = machine.apply(5, 0, dequeue(true));
+    assert!(
+        matches!(reply, Reply::Dequeued(Some((delivery, message, 1))) if delivery != held && message.index == 2)
+    );
+    assert_eq!(machine.take_released(), [2]);
+    // The getter is never served as a consumer.
+    let on_node_one = ConsumerId {
+        connection: (1 << super::machine::NODE_SHIFT) | 5,
+        channel: 1,
+        tag: "a".into(),
+    };
+    let (_, effects) = machine.apply(
+        6,
+        0,
+        Command::Checkout {
+            consumer: on_node_one.clone(),
+            spec: spec(10),
+        },
+    );
+    assert_eq!(deliveries(&effects), [("a".into(), 0, 3, 0)]);
+    // Its node goes down: what it held is back, counted as a delivery.
+    machine.apply(7, 0, Command::NodeDown { node: 1 });
+    assert!(!machine.has_consumer(&on_node_one));
+    let stats = machine.stats();
+    assert_eq!(
+        (stats.messages_ready, stats.messages_unacknowledged),
+        (1, 1)
+    );
+    machine.apply(
+        8,
+        0,
+        Command::Settle {
+            consumer: getter.clone(),
+            deliveries: vec![held],
+        },
+    );
+    assert!(!machine.has_consumer(&getter));
+    let (reply, _) = machine.apply(9, 0, dequeue(true));
+    assert!(
+        matches!(reply, Reply::Dequeued(Some((_, message, 0))) if message.index == 3 && message.delivery_count == 1)
+    );
+    assert_eq!(machine.apply(10, 0, dequeue(true)).0, Reply::Dequeued(None));
 }

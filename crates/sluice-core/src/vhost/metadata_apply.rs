@@ -6,15 +6,60 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{read, server_generated_name, Exchange, ExchangeSpec, QueueDeclaration, VirtualHost};
+use crate::arguments::{as_integer, as_text};
 use crate::arguments::{check_exchange_name_argument, check_queue_arguments};
 use crate::definitions::{
     BindingDefinition, ExchangeDefinition, QueueDefinition, VhostDefinitions,
 };
-use crate::error::AmqpResult;
+use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind};
 use crate::queue::{ConnectionId, Queue, QueueOptions};
 use crate::queue_factory::create_queue;
 use crate::queue_location::QueueLocator;
+use crate::queue_type::QueueType;
+use amq_protocol::types::FieldTable;
+
+/// `x-quorum-initial-group-size` when not given.
+const QUORUM_GROUP_SIZE_DEFAULT: usize = 3;
+
+/// What RabbitMQ refuses of a quorum queue's declaration, in its order and
+/// words (`rabbit_quorum_queue:declare`).
+fn check_quorum_declaration(definition: &QueueDefinition, what: &str) -> AmqpResult<()> {
+    for key in ["x-max-priority", "x-queue-mode"] {
+        if definition.arguments.inner().contains_key(key) {
+            return Err(AmqpError::precondition_failed(format!(
+                "invalid arg '{key}' for {what}"
+            )));
+        }
+    }
+    if definition
+        .arguments
+        .inner()
+        .get("x-overflow")
+        .and_then(as_text)
+        .as_deref()
+        == Some("reject-publish-dlx")
+    {
+        return Err(AmqpError::precondition_failed(format!(
+            "invalid arg 'x-overflow' with value 'reject-publish-dlx' for {what}"
+        )));
+    }
+    let property = if definition.auto_delete {
+        Some("auto-delete")
+    } else if definition.exclusive_owner.is_some() {
+        Some("exclusive-owner")
+    } else if !definition.durable {
+        Some("non-durable")
+    } else {
+        None
+    };
+    match property {
+        Some(property) => Err(AmqpError::precondition_failed(format!(
+            "invalid property '{property}' for {what}"
+        ))),
+        None => Ok(()),
+    }
+}
 use crate::remote_queue::{RemoteQueue, Unreachable};
 
 /// A durable queue of this node that could not be brought back at start.
@@ -39,6 +84,11 @@ impl VirtualHost {
         } else {
             declaration.name.to_owned()
         };
+        let home = self.home_for_new_queue(declaration);
+        let members = match QueueType::of_arguments(&declaration.arguments) {
+            Some(QueueType::Quorum) => self.quorum_members(&home, &declaration.arguments),
+            _ => Vec::new(),
+        };
         QueueDefinition {
             name,
             store_id: None,
@@ -48,10 +98,37 @@ impl VirtualHost {
             auto_delete: declaration.auto_delete,
             arguments: declaration.arguments.clone(),
             exclusive_owner: declaration.exclusive.then_some(connection_id),
-            home: Some(self.home_for_new_queue(declaration)),
+            home: Some(home),
             home_incarnation: self.node.incarnation,
             declared_at: 0,
+            members,
         }
+    }
+
+    /// A new quorum queue's members: its home first (it stands for leader
+    /// first), then nodes that are up, then the others, up to
+    /// `x-quorum-initial-group-size` (3 by default, as in RabbitMQ, and at
+    /// most the cluster's size).
+    fn quorum_members(&self, home: &str, arguments: &FieldTable) -> Vec<String> {
+        let size = arguments
+            .inner()
+            .get("x-quorum-initial-group-size")
+            .and_then(as_integer)
+            .map_or(QUORUM_GROUP_SIZE_DEFAULT, |size| {
+                size.clamp(1, 1000) as usize
+            });
+        let local = self.node.name.to_string();
+        let running = self.metadata.running_nodes(&local);
+        let mut others: Vec<String> = self
+            .metadata
+            .cluster_nodes(&local)
+            .into_iter()
+            .filter(|node| node != home)
+            .collect();
+        others.sort_by_key(|node| !running.contains(node));
+        let mut members = vec![home.to_owned()];
+        members.extend(others.into_iter().take(size.saturating_sub(1)));
+        members
     }
 
     /// Where a queue about to be declared through this node lives: by its
@@ -117,6 +194,9 @@ impl VirtualHost {
         let what = self.describe_queue(&definition.name);
         check_exchange_name_argument(&definition.arguments, "x-dead-letter-exchange", &what)?;
         check_queue_arguments(&definition.arguments, &what)?;
+        if QueueType::of_arguments(&definition.arguments) == Some(QueueType::Quorum) {
+            check_quorum_declaration(definition, &what)?;
+        }
         let queue = self.materialize_queue(definition);
         self.start_timers_when_ready(&queue);
         queues.insert(Arc::clone(queue.name()), Arc::clone(&queue));
@@ -134,9 +214,20 @@ impl VirtualHost {
             arguments: definition.arguments.clone(),
             declared_at: definition.declared_at,
             home_incarnation: definition.home_incarnation,
+            members: definition.members.clone(),
+        };
+        // A quorum queue is held by each of its members; a node that is
+        // not one reaches it through its home.
+        let held_elsewhere = match &definition.home {
+            _ if !definition.members.is_empty() => !definition
+                .members
+                .iter()
+                .any(|member| **member == *self.node.name),
+            Some(home) => **home != *self.node.name,
+            None => false,
         };
         let home: Arc<str> = match &definition.home {
-            Some(home) if **home != *self.node.name => Arc::from(home.as_str()),
+            Some(home) if held_elsewhere => Arc::from(home.as_str()),
             _ => {
                 let effective = self.effective_queue_arguments(&name, &definition.arguments);
                 let spec = self.queue_spec(
@@ -215,6 +306,12 @@ impl VirtualHost {
     /// alike everywhere, the node itself included when it was only cut off
     /// and comes back: its consumers of them hear basic.cancel.
     pub fn remove_queues_of_dead_node(&self, node: &str) {
+        if let Some(number) = self.metadata.node_number_of(node) {
+            let queues: Vec<Arc<dyn Queue>> = read(&self.queues).values().cloned().collect();
+            for queue in queues {
+                queue.node_down(number);
+            }
+        }
         let gone: Vec<Arc<dyn Queue>> = read(&self.queues)
             .values()
             .filter(|queue| !queue.options().durable && self.home_of(queue.as_ref()) == node)
@@ -306,6 +403,7 @@ impl VirtualHost {
                 home: Some(self.home_of(queue.as_ref()).to_owned()),
                 home_incarnation: options.home_incarnation,
                 declared_at: options.declared_at,
+                members: options.members.clone(),
             });
         }
         // A stable order: the same metadata gives the same snapshot.

@@ -841,6 +841,7 @@ impl VirtualHost {
             host,
             store: self.store.as_deref(),
             store_id,
+            quorum_groups: self.metadata.quorum_groups(),
         }
     }
 

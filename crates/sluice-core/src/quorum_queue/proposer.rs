@@ -1,0 +1,225 @@
+//! A member's proposals to its queue's log, in order and batched: what
+//! channels hand the queue (publishes, consumers, settlements) waits here
+//! while the previous entry is being committed, then goes as one entry.
+//! Under load the batch grows with the commit time (one round trip and one
+//! fdatasync per entry), bounded by [`ENTRY_ITEMS_MAX`] and
+//! [`ENTRY_BYTES_MAX`], as Ra's WAL batch is by `wal_max_batch_size`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, Notify};
+
+use super::command::Reply;
+use super::entry::{decode, encode, Batch, BatchReply, Item};
+use super::replication::ReplicatedLog;
+use crate::confirm::ForwardedConfirm;
+
+/// Items in one entry.
+pub const ENTRY_ITEMS_MAX: usize = 4096;
+/// Bytes of messages in one entry (one message may pass it alone).
+pub const ENTRY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Messages waiting for an entry before publishers into the queue pause:
+/// what one member holds for its queue beyond the entry in flight.
+pub const BACKLOG_MESSAGES_MAX: usize = 8192;
+pub const BACKLOG_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// How long an entry is proposed again across leader changes and a lost
+/// majority before its publishes are nacked.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// Who waits for an item's reply.
+pub enum Waiter {
+    Nobody,
+    /// A publisher's confirm: confirmed once enqueued, refused otherwise.
+    Confirm(Arc<ForwardedConfirm>),
+    Reply(oneshot::Sender<Result<Reply, String>>),
+}
+
+impl Waiter {
+    fn answer(self, reply: Result<Reply, String>) {
+        match self {
+            Waiter::Nobody => {}
+            Waiter::Confirm(confirm) => match reply {
+                Ok(Reply::Enqueued) => confirm.confirm(),
+                _ => confirm.refuse(),
+            },
+            Waiter::Reply(sender) => {
+                let _ = sender.send(reply);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Backlog {
+    items: Vec<(Item, Waiter)>,
+    message_bytes: usize,
+    next_sequence: u64,
+}
+
+/// One member's queue of proposals.
+pub struct Proposer {
+    /// Names this member's publishes in the log (see [`Item::Publish`]).
+    id: u64,
+    backlog: Mutex<Backlog>,
+    wake: Notify,
+    /// Wakes publishers paused on a full backlog.
+    pub drained: Notify,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Proposer {
+    pub fn new() -> Arc<Proposer> {
+        Arc::new(Proposer {
+            id: rand::random(),
+            backlog: Mutex::new(Backlog {
+                next_sequence: 1,
+                ..Backlog::default()
+            }),
+            wake: Notify::new(),
+            drained: Notify::new(),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// Queues a published message (encoded), numbered in publish order.
+    pub fn publish(&self, message: Vec<u8>, ttl_ms: Option<u64>, waiter: Waiter) {
+        let mut backlog = lock(&self.backlog);
+        let sequence = backlog.next_sequence;
+        backlog.next_sequence += 1;
+        backlog.message_bytes += message.len();
+        backlog.items.push((
+            Item::Publish {
+                publisher: (self.id, sequence),
+                ttl_ms,
+                message,
+            },
+            waiter,
+        ));
+        drop(backlog);
+        self.wake.notify_one();
+    }
+
+    /// Queues anything else.
+    pub fn submit(&self, item: Item, waiter: Waiter) {
+        lock(&self.backlog).items.push((item, waiter));
+        self.wake.notify_one();
+    }
+
+    /// Whether publishers should pause until the backlog drains.
+    pub fn is_full(&self) -> bool {
+        let backlog = lock(&self.backlog);
+        backlog.items.len() >= BACKLOG_MESSAGES_MAX || backlog.message_bytes >= BACKLOG_BYTES_MAX
+    }
+
+    /// Stops proposing; what waits is refused.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        let items = std::mem::take(&mut lock(&self.backlog).items);
+        for (_, waiter) in items {
+            waiter.answer(Err("the queue was deleted".to_owned()));
+        }
+        self.wake.notify_one();
+        self.drained.notify_waiters();
+    }
+
+    /// The next entry's items: the oldest waiting, within the bounds.
+    fn take_batch(&self) -> Vec<(Item, Waiter)> {
+        let mut backlog = lock(&self.backlog);
+        let mut bytes = 0;
+        let mut count = 0;
+        for (item, _) in &backlog.items {
+            let size = match item {
+                Item::Publish { message, .. } => message.len(),
+                Item::Machine(_) => 64,
+            };
+            if count > 0 && (count == ENTRY_ITEMS_MAX || bytes + size > ENTRY_BYTES_MAX) {
+                break;
+            }
+            bytes += size;
+            count += 1;
+        }
+        let rest = backlog.items.split_off(count);
+        let batch = std::mem::replace(&mut backlog.items, rest);
+        let message_bytes: usize = batch
+            .iter()
+            .map(|(item, _)| match item {
+                Item::Publish { message, .. } => message.len(),
+                Item::Machine(_) => 0,
+            })
+            .sum();
+        backlog.message_bytes -= message_bytes;
+        batch
+    }
+
+    /// Proposes entries until stopped: one at a time, in order, each
+    /// proposed again until committed or given up on.
+    pub async fn run(self: Arc<Self>, log: Arc<dyn ReplicatedLog>) {
+        loop {
+            let woken = self.wake.notified();
+            if self.stopped.load(Ordering::Acquire) {
+                return;
+            }
+            let batch = self.take_batch();
+            if batch.is_empty() {
+                woken.await;
+                continue;
+            }
+            let (items, waiters): (Vec<Item>, Vec<Waiter>) = batch.into_iter().unzip();
+            let entry = encode(&Batch {
+                time_ms: wall_ms(),
+                items,
+            });
+            let started = Instant::now();
+            let outcome = loop {
+                match log.propose(entry.clone()).await {
+                    Ok(reply) => break decode::<BatchReply>(&reply),
+                    Err(error)
+                        if started.elapsed() < GIVE_UP_AFTER
+                            && !self.stopped.load(Ordering::Acquire) =>
+                    {
+                        tracing::debug!(%error, "quorum queue entry not committed; proposing it again");
+                        tokio::time::sleep(RETRY_DELAY).await;
+                    }
+                    Err(error) => break Err(error),
+                }
+            };
+            match outcome {
+                Ok(replies) => {
+                    let mut replies = replies.into_iter();
+                    for waiter in waiters {
+                        let reply = replies
+                            .next()
+                            .ok_or_else(|| "no reply for the item".to_owned());
+                        waiter.answer(reply);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "quorum queue entry given up on: its publishes are nacked");
+                    for waiter in waiters {
+                        waiter.answer(Err(error.clone()));
+                    }
+                }
+            }
+            log.confirms_due();
+            if !self.is_full() {
+                self.drained.notify_waiters();
+            }
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the queue's log time.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}

@@ -1,0 +1,918 @@
+//! A quorum queue as one member holds it: the [`Queue`] channels use, over
+//! the queue's replicated log. Everything a channel does becomes an item of
+//! the member's next entry (see [`super::proposer`]); what the committed
+//! entries do is applied here, on every member alike, and each member
+//! delivers to the consumers that read through its node. Confirms go out
+//! once the entry holding the message is committed (a majority of members
+//! fsynced it) and applied here.
+//!
+//! Operations that wait for the log (consume, basic.get, purge) go through
+//! [`Queue::forwarded`], the channel's asynchronous path, as operations on
+//! a queue of another node do.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use amq_protocol::types::FieldTable;
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::command::{Command, ConsumerId, ConsumerSpec, Effect, Overflow, QueueConfig, Reply};
+use super::entry::{decode, encode, encode_message, Batch, BatchReply, Item};
+use super::machine::{QueueMachine, NODE_SHIFT};
+use super::member::{
+    message_id, split_message_id, with_delivery_count, LocalConsumer, Member, GET_SLOT,
+};
+use super::proposer::{Proposer, Waiter};
+use super::replication::{GroupSpec, QuorumGroups, ReplicatedLog, ReplicatedMachine};
+use crate::arguments::{as_strict_integer, as_text, parse_expiration};
+use crate::confirm::{ForwardedConfirm, PendingSafety};
+use crate::counters::{MessageCounters, MessageCounts};
+use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
+use crate::error::{AmqpError, AmqpResult};
+use crate::expiry::NEVER;
+use crate::message::{Message, QueuedMessage};
+use crate::queue::forwarding::{ForwardHome, QueueKey, RemoteReply, Settlement};
+use crate::queue::{
+    ConnectionId, Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueHost,
+    QueueOptions, QueueStats,
+};
+use crate::queue_type::QueueType;
+use sluice_wire::reply_code::ReplyCode;
+
+/// Entries hold up to 2^16 items; an item's index in the machine is its
+/// entry's index above these bits and its place in the entry below.
+const ITEM_BITS: u32 = 16;
+
+/// Deliveries the machine may hand a consumer with no prefetch limit, or
+/// one that needs no acks (its deliveries are settled as its channel takes
+/// them): what a member may hold for it while its channel is busy.
+pub const UNLIMITED_CREDIT: u32 = 2000;
+
+/// The machine's credit for a consumer.
+pub fn machine_credit(consumer: &Consumer) -> u32 {
+    match consumer.prefetch_count {
+        0 => UNLIMITED_CREDIT,
+        prefetch => prefetch.min(UNLIMITED_CREDIT),
+    }
+}
+
+/// Deliveries a member settles or returns itself, once it let go of the
+/// queue's lock.
+#[derive(Default)]
+struct Undelivered {
+    settled: Vec<(ConsumerId, u64)>,
+    returned: Vec<(ConsumerId, u64)>,
+}
+
+/// What a quorum queue is made from.
+pub struct QuorumQueueSpec {
+    pub name: Arc<str>,
+    pub vhost: Arc<str>,
+    pub options: QueueOptions,
+    pub effective_arguments: FieldTable,
+    pub host: Weak<dyn QueueHost>,
+    pub store_id: String,
+    /// Where this member keeps the queue's log.
+    pub dir: PathBuf,
+    pub members: Vec<String>,
+    pub preferred_leader: String,
+    /// This node's number (the top bits of its connection ids).
+    pub node_number: u16,
+}
+
+pub struct QuorumQueue {
+    name: Arc<str>,
+    vhost: Arc<str>,
+    options: QueueOptions,
+    store_id: String,
+    key: QueueKey,
+    members: Vec<String>,
+    host: Weak<dyn QueueHost>,
+    dead_letter: Option<DeadLetterTarget>,
+    this: Weak<QuorumQueue>,
+    member: Mutex<Member>,
+    log: OnceLock<Arc<dyn ReplicatedLog>>,
+    proposer: Arc<Proposer>,
+    deleted: AtomicBool,
+    counters: MessageCounters,
+    node_number: u16,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The queue's rules from its effective arguments.
+pub fn queue_config(arguments: &FieldTable) -> QueueConfig {
+    let number = |key: &str| {
+        arguments
+            .inner()
+            .get(key)
+            .and_then(as_strict_integer)
+            .and_then(|number| u64::try_from(number).ok())
+    };
+    QueueConfig {
+        max_length: number("x-max-length"),
+        max_length_bytes: number("x-max-length-bytes"),
+        overflow: match arguments
+            .inner()
+            .get("x-overflow")
+            .and_then(as_text)
+            .as_deref()
+        {
+            Some("reject-publish") => Overflow::RejectPublish,
+            _ => Overflow::DropHead,
+        },
+        delivery_limit: number("x-delivery-limit")
+            .map(|limit| limit.min(u64::from(u32::MAX)) as u32),
+        message_ttl_ms: number("x-message-ttl"),
+        single_active_consumer: matches!(
+            arguments.inner().get("x-single-active-consumer"),
+            Some(amq_protocol::types::AMQPValue::Boolean(true))
+        ),
+    }
+}
+
+/// The machine as the log applies it: through to the queue.
+struct Applier {
+    queue: Weak<QuorumQueue>,
+}
+
+impl ReplicatedMachine for Applier {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Bytes {
+        match self.queue.upgrade() {
+            Some(queue) => queue.apply_entry(index, command),
+            None => encode(&BatchReply::new()),
+        }
+    }
+
+    fn snapshot(&self) -> Bytes {
+        self.queue
+            .upgrade()
+            .map(|queue| lock(&queue.member).snapshot())
+            .unwrap_or_default()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        match self.queue.upgrade() {
+            Some(queue) => lock(&queue.member).restore(snapshot),
+            None => Ok(()),
+        }
+    }
+}
+
+impl QuorumQueue {
+    /// Makes this member of the queue and starts its group (or reopens it,
+    /// replaying its log).
+    pub fn create(spec: QuorumQueueSpec, groups: &Arc<dyn QuorumGroups>) -> Arc<QuorumQueue> {
+        let config = queue_config(&spec.effective_arguments);
+        let get_holder = ConsumerId {
+            // Never a real connection: the low bits of a node's ids do not
+            // reach this.
+            connection: (u64::from(spec.node_number) << NODE_SHIFT) | ((1 << NODE_SHIFT) - 1),
+            channel: 0,
+            tag: "basic.get".to_owned(),
+        };
+        let queue = Arc::new_cyclic(|this| QuorumQueue {
+            key: QueueKey {
+                vhost: Arc::clone(&spec.vhost),
+                name: Arc::clone(&spec.name),
+                declared_at: spec.options.declared_at,
+            },
+            name: spec.name,
+            vhost: spec.vhost,
+            dead_letter: DeadLetterTarget::from_arguments(&spec.effective_arguments),
+            options: spec.options,
+            store_id: spec.store_id,
+            members: spec.members.clone(),
+            host: spec.host,
+            this: this.clone(),
+            member: Mutex::new(Member::new(QueueMachine::new(config), get_holder)),
+            log: OnceLock::new(),
+            proposer: Proposer::new(),
+            deleted: AtomicBool::new(false),
+            counters: MessageCounters::default(),
+            node_number: spec.node_number,
+        });
+        let log = groups.open(
+            GroupSpec {
+                group: queue.options.declared_at,
+                dir: spec.dir,
+                members: spec.members,
+                preferred_leader: spec.preferred_leader,
+            },
+            Box::new(Applier {
+                queue: Arc::downgrade(&queue),
+            }),
+        );
+        let _ = queue.log.set(Arc::clone(&log));
+        tokio::spawn(Arc::clone(&queue.proposer).run(log));
+        // What consumers of this node's previous run held (it crashed, or
+        // stopped before their channels settled) goes back to the queue.
+        queue.node_down(queue.node_number);
+        queue
+    }
+
+    fn arc(&self) -> Arc<QuorumQueue> {
+        self.this.upgrade().expect("a queue in use is alive")
+    }
+
+    fn is_leader(&self) -> bool {
+        self.log.get().is_some_and(|log| log.is_leader())
+    }
+
+    /// The members of the queue's group.
+    pub fn members(&self) -> &[String] {
+        &self.members
+    }
+
+    /// The leader this member knows of.
+    pub fn leader(&self) -> Option<String> {
+        self.log.get().and_then(|log| log.leader())
+    }
+
+    fn not_found(&self) -> AmqpError {
+        AmqpError::not_found(format!(
+            "no queue '{}' in vhost '{}'",
+            self.name, self.vhost
+        ))
+    }
+
+    /// Applies the committed entry at `index`: every member runs this for
+    /// every entry, in order.
+    fn apply_entry(&self, index: u64, bytes: &[u8]) -> Bytes {
+        let batch: Batch = match decode(bytes) {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::error!(queue = %self.name, vhost = %self.vhost, index, %error, "undecodable quorum queue entry");
+                return encode(&BatchReply::new());
+            }
+        };
+        let leader = self.is_leader();
+        let mut dead_letters = Vec::new();
+        let mut undelivered = Undelivered::default();
+        let mut replies = Vec::with_capacity(batch.items.len());
+        let mut member = lock(&self.member);
+        for (position, item) in batch.items.into_iter().enumerate() {
+            let at = (index << ITEM_BITS) | position as u64;
+            let reply = match item {
+                Item::Publish {
+                    publisher,
+                    ttl_ms,
+                    message,
+                } => match super::entry::decode_message(message) {
+                    None => Reply::Rejected,
+                    Some(message) => {
+                        let size = message.body.len() as u32;
+                        member.bodies.insert(at, message);
+                        let command = Command::Enqueue {
+                            publisher: Some(publisher),
+                            size,
+                            ttl_ms,
+                        };
+                        let (reply, effects) = member.machine.apply(at, batch.time_ms, command);
+                        self.act(
+                            &mut member,
+                            effects,
+                            leader,
+                            &mut dead_letters,
+                            &mut undelivered,
+                        );
+                        if !member.machine.is_live(at) {
+                            member.bodies.remove(&at);
+                        }
+                        reply
+                    }
+                },
+                Item::Machine(command) => {
+                    let touched = match &command {
+                        Command::Checkout { consumer, .. } => {
+                            if let Some(local) = member.consumers.get_mut(consumer) {
+                                if let Some(announce) = local.announce.take() {
+                                    announce();
+                                }
+                            }
+                            None
+                        }
+                        Command::NodeDown { node } if *node == self.node_number => {
+                            // The others took this node for dead: its
+                            // consumers are gone from the queue, and their
+                            // clients hear so.
+                            for (_, local) in member.consumers.drain() {
+                                local.consumer.sink.cancelled_by_queue(&local.consumer);
+                            }
+                            None
+                        }
+                        Command::Cancel { consumer }
+                        | Command::Settle { consumer, .. }
+                        | Command::Return { consumer, .. }
+                        | Command::Discard { consumer, .. } => Some(consumer.clone()),
+                        _ => None,
+                    };
+                    let (reply, effects) = member.machine.apply(at, batch.time_ms, command);
+                    if let Reply::Dequeued(Some((delivery, message, _))) = &reply {
+                        if let Some(body) = member.bodies.get(&message.index) {
+                            let body = with_delivery_count(body, message.delivery_count);
+                            member.remember_get(*delivery, body);
+                        }
+                    }
+                    self.act(
+                        &mut member,
+                        effects,
+                        leader,
+                        &mut dead_letters,
+                        &mut undelivered,
+                    );
+                    if let Some(consumer) = touched {
+                        member.forget_if_gone(&consumer);
+                    }
+                    reply
+                }
+            };
+            for released in member.machine.take_released() {
+                member.bodies.remove(&released);
+            }
+            replies.push(reply);
+        }
+        drop(member);
+        self.settle_undelivered(undelivered);
+        if !dead_letters.is_empty() {
+            if let (Some(host), Some(target)) = (self.host.upgrade(), &self.dead_letter) {
+                host.dead_letter(&self.name, target, dead_letters);
+            }
+        }
+        encode(&replies)
+    }
+
+    /// Does what applying an entry asked of this member: deliveries to the
+    /// consumers reading through it, and (on the leader only, so once)
+    /// messages to dead-letter.
+    fn act(
+        &self,
+        member: &mut Member,
+        effects: Vec<Effect>,
+        leader: bool,
+        dead_letters: &mut Vec<DeadLetter>,
+        undelivered: &mut Undelivered,
+    ) {
+        for effect in effects {
+            match effect {
+                Effect::Deliver {
+                    consumer,
+                    delivery,
+                    message,
+                } => {
+                    let Some(body) = member.bodies.get(&message.index) else {
+                        continue;
+                    };
+                    let body = with_delivery_count(body, message.delivery_count);
+                    let Some(local) = member.consumers.get_mut(&consumer) else {
+                        // Cancelled here while the entry was on its way:
+                        // what it was given goes back.
+                        if member.retired.contains_key(&consumer) {
+                            undelivered.returned.push((consumer, delivery));
+                        }
+                        continue;
+                    };
+                    let entry = QueuedMessage {
+                        offset: message_id(local.slot, delivery),
+                        message: body,
+                        redelivered: message.delivery_count > 0,
+                        segment: None,
+                        expires_at_us: NEVER,
+                    };
+                    if local.parked.is_empty() && self.hand_over(&local.consumer, &entry) {
+                        if local.consumer.no_ack {
+                            undelivered.settled.push((consumer, delivery));
+                        }
+                    } else {
+                        local.parked.push_back((delivery, entry));
+                    }
+                }
+                Effect::DeadLetter { reason, message } => {
+                    self.counters.dropped.add(1);
+                    if !leader || self.dead_letter.is_none() {
+                        continue;
+                    }
+                    if let Some(body) = member.bodies.get(&message.index) {
+                        dead_letters.push(DeadLetter {
+                            message: Arc::clone(body),
+                            reason: match reason {
+                                super::command::DeadLetterReason::Expired => DeathReason::Expired,
+                                super::command::DeadLetterReason::Rejected => DeathReason::Rejected,
+                                super::command::DeadLetterReason::MaxLen => DeathReason::Maxlen,
+                                super::command::DeadLetterReason::DeliveryLimit => {
+                                    DeathReason::DeliveryLimit
+                                }
+                            },
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers a delivery to its consumer's channel.
+    fn hand_over(&self, consumer: &Arc<Consumer>, entry: &QueuedMessage) -> bool {
+        let handle = || self.arc() as Arc<dyn Queue>;
+        let taken = consumer.sink.deliver(consumer, &handle, entry);
+        if taken {
+            self.counters
+                .count_delivery(entry.message.body_size(), entry.redelivered);
+        }
+        taken
+    }
+
+    /// Proposes what becomes of deliveries no channel will settle:
+    /// deliveries to consumers that need no acks are settled once their
+    /// channel took them (the machine gave them only the credit of
+    /// [`UNLIMITED_CREDIT`]); deliveries to consumers cancelled meanwhile
+    /// go back.
+    fn settle_undelivered(&self, undelivered: Undelivered) {
+        let group = |deliveries: Vec<(ConsumerId, u64)>| {
+            let mut by_consumer: HashMap<ConsumerId, Vec<u64>> = HashMap::new();
+            for (consumer, delivery) in deliveries {
+                by_consumer.entry(consumer).or_default().push(delivery);
+            }
+            by_consumer
+        };
+        for (consumer, deliveries) in group(undelivered.settled) {
+            let command = Command::Settle {
+                consumer,
+                deliveries,
+            };
+            self.proposer.submit(Item::Machine(command), Waiter::Nobody);
+        }
+        for (consumer, deliveries) in group(undelivered.returned) {
+            let command = Command::Return {
+                consumer,
+                deliveries,
+            };
+            self.proposer.submit(Item::Machine(command), Waiter::Nobody);
+        }
+    }
+
+    /// Proposes a settlement of deliveries by their ids.
+    fn settle_ids(&self, messages: &[MessageId], settlement: Settlement) {
+        let mut by_consumer: HashMap<ConsumerId, Vec<u64>> = HashMap::new();
+        {
+            let member = lock(&self.member);
+            for id in messages {
+                let (slot, delivery) = split_message_id(*id);
+                if let Some(consumer) = member.slots.get(&slot) {
+                    by_consumer
+                        .entry(consumer.clone())
+                        .or_default()
+                        .push(delivery);
+                }
+            }
+        }
+        for (consumer, deliveries) in by_consumer {
+            if settlement == Settlement::Ack {
+                self.counters.acked.add(deliveries.len() as u64);
+            }
+            let command = match settlement {
+                Settlement::Ack => Command::Settle {
+                    consumer,
+                    deliveries,
+                },
+                Settlement::Reject => Command::Discard {
+                    consumer,
+                    deliveries,
+                },
+                Settlement::Requeue => Command::Return {
+                    consumer,
+                    deliveries,
+                },
+            };
+            self.proposer.submit(Item::Machine(command), Waiter::Nobody);
+        }
+    }
+
+    /// Proposes `command` and waits for its reply.
+    fn request(&self, command: Command) -> oneshot::Receiver<Result<Reply, String>> {
+        let (sender, receiver) = oneshot::channel();
+        self.proposer
+            .submit(Item::Machine(command), Waiter::Reply(sender));
+        receiver
+    }
+
+    fn publish_message(&self, message: &Arc<Message>) -> PublishOutcome {
+        if self.is_deleted() {
+            return PublishOutcome::Rejected;
+        }
+        self.counters.count_publish(message.body_size());
+        let ttl_ms = message
+            .properties
+            .expiration()
+            .and_then(|expiration| std::str::from_utf8(expiration).ok())
+            .and_then(|text| parse_expiration(text).ok());
+        let confirm = Arc::new(ForwardedConfirm::default());
+        self.proposer.publish(
+            encode_message(message),
+            ttl_ms,
+            Waiter::Confirm(Arc::clone(&confirm)),
+        );
+        PublishOutcome::Pending(PendingSafety::Forwarded(confirm))
+    }
+
+    fn register(
+        &self,
+        consumer: &Arc<Consumer>,
+        announce: Option<Box<dyn FnOnce() + Send>>,
+    ) -> AmqpResult<ConsumerId> {
+        if self.is_deleted() {
+            return Err(self.not_found());
+        }
+        let id = ConsumerId {
+            connection: consumer.connection_id,
+            channel: consumer.channel_id,
+            tag: consumer.tag.to_string(),
+        };
+        let mut member = lock(&self.member);
+        let exclusive_in_use = member
+            .consumers
+            .values()
+            .any(|local| local.consumer.exclusive)
+            || (consumer.exclusive && member.machine.stats().consumers > 0);
+        if exclusive_in_use {
+            return Err(AmqpError::access_refused(format!(
+                "queue '{}' in vhost '{}' in exclusive use",
+                self.name, self.vhost
+            )));
+        }
+        let slot = member.allocate_slot(&id);
+        member.retired.remove(&id);
+        member.consumers.insert(
+            id.clone(),
+            LocalConsumer {
+                consumer: Arc::clone(consumer),
+                slot,
+                parked: std::collections::VecDeque::new(),
+                announce,
+            },
+        );
+        Ok(id)
+    }
+
+    fn checkout(
+        &self,
+        id: ConsumerId,
+        consumer: &Consumer,
+    ) -> oneshot::Receiver<Result<Reply, String>> {
+        self.request(Command::Checkout {
+            consumer: id,
+            spec: ConsumerSpec {
+                prefetch: machine_credit(consumer),
+                // Settled by this member once its channel takes it, so
+                // the machine's credit bounds what waits here.
+                no_ack: false,
+                priority: consumer.priority,
+            },
+        })
+    }
+}
+
+fn failed(error: String) -> AmqpError {
+    AmqpError::new(
+        ReplyCode::InternalError,
+        format!("quorum queue operation failed: {error}"),
+    )
+}
+
+impl ForwardHome for QuorumQueue {
+    fn is_up(&self) -> bool {
+        !self.is_deleted()
+    }
+
+    fn publish(&self, message: &Arc<Message>, _targets: Vec<QueueKey>) -> PublishOutcome {
+        self.publish_message(message)
+    }
+
+    fn is_congested(&self) -> bool {
+        self.proposer.is_full()
+    }
+
+    fn uncongested(&self) -> tokio::sync::futures::Notified<'_> {
+        self.proposer.drained.notified()
+    }
+
+    fn consume(
+        &self,
+        _queue: Arc<dyn Queue>,
+        _key: QueueKey,
+        consumer: Arc<Consumer>,
+        announce: Box<dyn FnOnce() + Send>,
+    ) -> RemoteReply<()> {
+        let id = match self.register(&consumer, Some(announce)) {
+            Ok(id) => id,
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
+        };
+        let checked_out = self.checkout(id.clone(), &consumer);
+        let queue = self.arc();
+        Box::pin(async move {
+            let error = match checked_out.await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(error)) => error,
+                Err(_) => "the queue stopped".to_owned(),
+            };
+            lock(&queue.member).consumers.remove(&id);
+            Err(failed(error))
+        })
+    }
+
+    fn cancel(
+        &self,
+        _key: &QueueKey,
+        connection_id: ConnectionId,
+        channel_id: u16,
+        tag: &str,
+    ) -> Option<Arc<Consumer>> {
+        self.remove_consumer(connection_id, channel_id, tag)
+            .map(|removed| removed.consumer)
+    }
+
+    fn forget_queue(&self, _key: &QueueKey) -> Vec<Arc<Consumer>> {
+        lock(&self.member)
+            .consumers
+            .drain()
+            .map(|(_, local)| local.consumer)
+            .collect()
+    }
+
+    fn has_consumer_on(&self, _key: &QueueKey, connection_id: ConnectionId) -> bool {
+        Queue::has_consumer_on(self, connection_id)
+    }
+
+    fn dispatch(&self, _key: &QueueKey) {
+        Queue::dispatch(self);
+    }
+
+    fn settle(&self, _key: &QueueKey, settlement: Settlement, messages: &[MessageId]) {
+        self.settle_ids(messages, settlement);
+    }
+
+    fn get(&self, _key: QueueKey, no_ack: bool) -> RemoteReply<Option<(QueuedMessage, u32)>> {
+        let holder = lock(&self.member).slots[&GET_SLOT].clone();
+        let reply = self.request(Command::Dequeue {
+            consumer: holder,
+            settled: no_ack,
+        });
+        let queue = self.arc();
+        Box::pin(async move {
+            match reply.await {
+                Ok(Ok(Reply::Dequeued(None))) => Ok(None),
+                Ok(Ok(Reply::Dequeued(Some((delivery, message, remaining))))) => {
+                    let body = lock(&queue.member)
+                        .take_get(delivery)
+                        .ok_or_else(|| failed("the message was not kept".to_owned()))?;
+                    queue
+                        .counters
+                        .count_delivery(body.body_size(), message.delivery_count > 0);
+                    Ok(Some((
+                        QueuedMessage {
+                            offset: message_id(GET_SLOT, delivery),
+                            message: body,
+                            redelivered: message.delivery_count > 0,
+                            segment: None,
+                            expires_at_us: NEVER,
+                        },
+                        u32::try_from(remaining).unwrap_or(u32::MAX),
+                    )))
+                }
+                Ok(Ok(other)) => Err(failed(format!("unexpected reply {other:?}"))),
+                Ok(Err(error)) => Err(failed(error)),
+                Err(_) => Err(queue.not_found()),
+            }
+        })
+    }
+
+    fn purge(&self, _key: QueueKey) -> RemoteReply<u32> {
+        let reply = self.request(Command::Purge);
+        Box::pin(async move {
+            match reply.await {
+                Ok(Ok(Reply::Purged(count))) => Ok(u32::try_from(count).unwrap_or(u32::MAX)),
+                Ok(Ok(other)) => Err(failed(format!("unexpected reply {other:?}"))),
+                Ok(Err(error)) => Err(failed(error)),
+                Err(_) => Err(failed("the queue stopped".to_owned())),
+            }
+        })
+    }
+
+    fn stats(&self, _key: QueueKey) -> RemoteReply<QueueStats> {
+        Box::pin(std::future::ready(Ok(Queue::stats(self))))
+    }
+}
+
+impl Queue for QuorumQueue {
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn vhost_name(&self) -> &Arc<str> {
+        &self.vhost
+    }
+
+    fn queue_type(&self) -> QueueType {
+        QueueType::Quorum
+    }
+
+    fn options(&self) -> &QueueOptions {
+        &self.options
+    }
+
+    fn store_id(&self) -> Option<&str> {
+        Some(&self.store_id)
+    }
+
+    fn forwarded(&self) -> Option<(Arc<dyn ForwardHome>, QueueKey)> {
+        Some((self.arc() as Arc<dyn ForwardHome>, self.key.clone()))
+    }
+
+    fn publish(&self, message: Arc<Message>) -> PublishOutcome {
+        self.publish_message(&message)
+    }
+
+    /// Hands parked deliveries to the channels that have room again.
+    fn dispatch(&self) {
+        let mut undelivered = Undelivered::default();
+        {
+            let mut member = lock(&self.member);
+            for (id, local) in &mut member.consumers {
+                while let Some((delivery, entry)) = local.parked.front() {
+                    if !self.hand_over(&local.consumer, entry) {
+                        break;
+                    }
+                    if local.consumer.no_ack {
+                        undelivered.settled.push((id.clone(), *delivery));
+                    }
+                    local.parked.pop_front();
+                }
+            }
+        }
+        self.settle_undelivered(undelivered);
+    }
+
+    /// Subscribes at once (consume-ok now) for callers that cannot wait:
+    /// deliveries follow once the checkout is committed.
+    fn add_consumer(&self, consumer: Arc<Consumer>, announce: &mut dyn FnMut()) -> AmqpResult<()> {
+        let id = self.register(&consumer, None)?;
+        announce();
+        drop(self.checkout(id, &consumer));
+        Ok(())
+    }
+
+    fn remove_consumer(
+        &self,
+        connection_id: ConnectionId,
+        channel_id: u16,
+        tag: &str,
+    ) -> Option<ConsumerRemoved> {
+        let id = ConsumerId {
+            connection: connection_id,
+            channel: channel_id,
+            tag: tag.to_owned(),
+        };
+        let local = {
+            let mut member = lock(&self.member);
+            let local = member.consumers.remove(&id)?;
+            member.retired.insert(id.clone(), local.slot);
+            local
+        };
+        // What its channel never got goes back first, then it stops.
+        let parked: Vec<u64> = local.parked.iter().map(|(delivery, _)| *delivery).collect();
+        if !parked.is_empty() {
+            self.proposer.submit(
+                Item::Machine(Command::Return {
+                    consumer: id.clone(),
+                    deliveries: parked,
+                }),
+                Waiter::Nobody,
+            );
+        }
+        self.proposer.submit(
+            Item::Machine(Command::Cancel { consumer: id }),
+            Waiter::Nobody,
+        );
+        Some(ConsumerRemoved {
+            consumer: local.consumer,
+            queue_now_unused: false,
+            active_consumer_changed: false,
+        })
+    }
+
+    fn active_consumer_tag(&self) -> Option<Arc<str>> {
+        let member = lock(&self.member);
+        if !member.machine.config().single_active_consumer {
+            return None;
+        }
+        member
+            .machine
+            .active_consumer()
+            .map(|consumer| Arc::from(consumer.tag.as_str()))
+    }
+
+    fn has_consumer_on(&self, connection_id: ConnectionId) -> bool {
+        lock(&self.member)
+            .consumers
+            .keys()
+            .any(|consumer| consumer.connection == connection_id)
+    }
+
+    fn settle(&self, messages: &[MessageId]) {
+        self.settle_ids(messages, Settlement::Ack);
+    }
+
+    fn reject(&self, messages: &[MessageId]) {
+        self.settle_ids(messages, Settlement::Reject);
+    }
+
+    fn requeue(&self, messages: &[MessageId]) {
+        self.settle_ids(messages, Settlement::Requeue);
+    }
+
+    /// Reached only through [`Queue::forwarded`]'s asynchronous path.
+    fn get(&self, _no_ack: bool) -> Option<(QueuedMessage, u32)> {
+        None
+    }
+
+    fn purge(&self) -> u32 {
+        drop(self.request(Command::Purge));
+        0
+    }
+
+    fn delete(&self) -> (Vec<Arc<Consumer>>, u32) {
+        self.deleted.store(true, Ordering::Release);
+        self.proposer.stop();
+        if let Some(log) = self.log.get() {
+            log.stop(true);
+        }
+        let mut member = lock(&self.member);
+        let ready = member.machine.stats().messages_ready;
+        let consumers = member
+            .consumers
+            .drain()
+            .map(|(_, local)| local.consumer)
+            .collect();
+        member.bodies.clear();
+        (consumers, u32::try_from(ready).unwrap_or(u32::MAX))
+    }
+
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    fn stats(&self) -> QueueStats {
+        let stats = lock(&self.member).machine.stats();
+        QueueStats {
+            messages_ready: u32::try_from(stats.messages_ready).unwrap_or(u32::MAX),
+            messages_paged: 0,
+            messages_unacknowledged: stats.messages_unacknowledged,
+            ready_bytes: stats.ready_bytes,
+            consumers: stats.consumers,
+        }
+    }
+
+    fn counts(&self) -> MessageCounts {
+        self.counters.counts()
+    }
+
+    fn touch(&self) {}
+
+    fn is_unused_for_expiry(&self) -> bool {
+        false
+    }
+
+    fn start_timers(&self) {}
+
+    fn node_down(&self, node_number: u16) {
+        self.proposer.submit(
+            Item::Machine(Command::NodeDown { node: node_number }),
+            Waiter::Nobody,
+        );
+    }
+
+    fn is_congested(&self) -> bool {
+        self.proposer.is_full()
+    }
+
+    fn uncongested(&self) -> tokio::sync::futures::Notified<'_> {
+        self.proposer.drained.notified()
+    }
+}
+
+impl Drop for QuorumQueue {
+    fn drop(&mut self) {
+        self.proposer.stop();
+        if let Some(log) = self.log.get() {
+            if !self.deleted.load(Ordering::Acquire) {
+                log.stop(false);
+            }
+        }
+    }
+}

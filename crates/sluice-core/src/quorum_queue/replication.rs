@@ -1,0 +1,80 @@
+//! What a quorum queue asks of the node's consensus: a replicated log of
+//! its own over its members, to which it proposes entries and whose
+//! committed entries it applies. The server provides it (on the
+//! `consensus` module of `sluice-cluster`); the core only asks, as it does
+//! for forwarding.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// Applied to a group's committed entries, in log order, on every member.
+pub trait ReplicatedMachine: Send + 'static {
+    /// Applies the entry at `index`; the reply goes to its proposer.
+    fn apply(&mut self, index: u64, command: &[u8]) -> Bytes;
+
+    /// The whole state, for a snapshot.
+    fn snapshot(&self) -> Bytes;
+
+    /// Replaces the state with a snapshot's.
+    ///
+    /// # Errors
+    /// The snapshot cannot be decoded.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+}
+
+/// The group a queue runs on, as it is started on one member.
+pub struct GroupSpec {
+    /// Unique on the cluster for the queue's life: the metadata log index
+    /// that declared it.
+    pub group: u64,
+    /// Where this member keeps its log.
+    pub dir: PathBuf,
+    /// Every member's node name, the same on all of them.
+    pub members: Vec<String>,
+    /// The member that stands for leader first (the node the queue was
+    /// placed on); any member may lead later.
+    pub preferred_leader: String,
+}
+
+/// A proposal's outcome: the applied entry's reply, or why it was not
+/// applied (it may still be, later: a proposer that retries must make its
+/// entries idempotent).
+pub type Proposed = Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send>>;
+
+/// One member's handle on its group.
+pub trait ReplicatedLog: Send + Sync {
+    /// Proposes `entry`; resolves once it is committed and applied on this
+    /// member, with the state machine's reply.
+    fn propose(&self, entry: Bytes) -> Proposed;
+
+    /// Whether this member leads now: the one that acts on what applying
+    /// an entry asks beyond the queue (dead-lettering), once.
+    fn is_leader(&self) -> bool;
+
+    /// The leader this member knows of.
+    fn leader(&self) -> Option<String>;
+
+    /// Confirms may have come due: wakes whoever sends them.
+    fn confirms_due(&self);
+
+    /// Stops this member; with `erase`, its log is deleted too (the queue
+    /// was deleted).
+    fn stop(&self, erase: bool);
+}
+
+/// The node's consensus, for the quorum queues it holds a member of.
+pub trait QuorumGroups: Send + Sync {
+    /// Starts (or reopens, replaying its log into `machine`) this node's
+    /// member of a group. Returns at once; proposals wait for the start.
+    fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog>;
+
+    /// This node's name, as group members are named.
+    fn local_node(&self) -> String;
+
+    /// This node's number: the top bits of its connection ids.
+    fn node_number(&self) -> u16;
+}

@@ -1,0 +1,223 @@
+//! The node's Raft groups for its quorum queues: each member the core asks
+//! for is a group of the node's consensus (see
+//! `sluice_cluster::consensus`), on the links and group commit every group
+//! shares. A group starts in the background; proposals wait for it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_cluster::consensus::{ConsensusNode, GroupSettings, RaftGroup, StateMachine};
+use sluice_cluster::node_name::NodeName;
+use sluice_core::quorum_queue::replication::{
+    GroupSpec, Proposed, QuorumGroups, ReplicatedLog, ReplicatedMachine,
+};
+use tokio::sync::watch;
+
+/// How long one proposal may wait for its commit; the queue proposes it
+/// again after a leader change.
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The node's consensus, for quorum queues.
+pub struct NodeQuorumGroups {
+    pub consensus: Arc<ConsensusNode>,
+    pub local: NodeName,
+    pub node_number: u16,
+    /// Bumped when confirms may have come due.
+    pub confirm_progress: Arc<watch::Sender<u64>>,
+    /// The groups running on this node, stopped with it.
+    pub running: Arc<Mutex<HashMap<u64, Arc<RaftGroup>>>>,
+}
+
+impl NodeQuorumGroups {
+    /// Stops every group of the node (it is shutting down).
+    pub async fn stop_all(&self) {
+        let groups: Vec<Arc<RaftGroup>> = lock(&self.running)
+            .drain()
+            .map(|(_, group)| group)
+            .collect();
+        for group in groups {
+            group.shutdown().await;
+        }
+    }
+}
+
+/// The core's machine as the consensus applies it.
+struct Adapter(Box<dyn ReplicatedMachine>);
+
+impl StateMachine for Adapter {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Bytes {
+        self.0.apply(index, command)
+    }
+
+    fn snapshot(&self) -> Bytes {
+        self.0.snapshot()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.0.restore(snapshot)
+    }
+}
+
+/// Where a member's group stands.
+#[derive(Clone)]
+enum Started {
+    Starting,
+    Running(Arc<RaftGroup>),
+    Failed(String),
+}
+
+/// One member of a quorum queue's group.
+struct QuorumGroupLog {
+    group_id: u64,
+    running: Arc<Mutex<HashMap<u64, Arc<RaftGroup>>>>,
+    started: watch::Receiver<Started>,
+    confirm_progress: Arc<watch::Sender<u64>>,
+    /// Set once stopped: a group that finishes starting afterwards stops.
+    stop: Mutex<Option<bool>>,
+    dir: std::path::PathBuf,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl QuorumGroupLog {
+    fn running(&self) -> Option<Arc<RaftGroup>> {
+        match &*self.started.borrow() {
+            Started::Running(group) => Some(Arc::clone(group)),
+            _ => None,
+        }
+    }
+}
+
+/// Stops a group, erasing its files when its queue was deleted.
+async fn stop_group(group: Arc<RaftGroup>, erase: bool, dir: std::path::PathBuf) {
+    group.shutdown().await;
+    if erase {
+        if let Err(error) = std::fs::remove_dir_all(&dir) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), %error, "could not remove a deleted quorum queue's log");
+            }
+        }
+    }
+}
+
+impl ReplicatedLog for QuorumGroupLog {
+    fn propose(&self, entry: Bytes) -> Proposed {
+        let mut started = self.started.clone();
+        Box::pin(async move {
+            let state = started
+                .wait_for(|state| !matches!(state, Started::Starting))
+                .await
+                .map_err(|_| "the group stopped".to_owned())?
+                .clone();
+            match state {
+                Started::Running(group) => group
+                    .propose(entry, PROPOSE_TIMEOUT)
+                    .await
+                    .map_err(|error| error.to_string()),
+                Started::Failed(reason) => Err(reason),
+                Started::Starting => unreachable!("waited for the start"),
+            }
+        })
+    }
+
+    fn is_leader(&self) -> bool {
+        self.running().is_some_and(|group| group.is_leader())
+    }
+
+    fn leader(&self) -> Option<String> {
+        self.running()?.leader().map(|leader| leader.to_string())
+    }
+
+    fn confirms_due(&self) {
+        self.confirm_progress
+            .send_modify(|progress| *progress = progress.wrapping_add(1));
+    }
+
+    fn stop(&self, erase: bool) {
+        *lock(&self.stop) = Some(erase);
+        if let Some(group) = self.running() {
+            lock(&self.running).remove(&self.group_id);
+            tracing::debug!(
+                group = self.group_id,
+                erase,
+                "stopping a quorum queue's group"
+            );
+            tokio::spawn(stop_group(group, erase, self.dir.clone()));
+        }
+    }
+}
+
+impl QuorumGroups for NodeQuorumGroups {
+    fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog> {
+        let (started_sender, started) = watch::channel(Started::Starting);
+        let log = Arc::new(QuorumGroupLog {
+            group_id: spec.group,
+            running: Arc::clone(&self.running),
+            started,
+            confirm_progress: Arc::clone(&self.confirm_progress),
+            stop: Mutex::new(None),
+            dir: spec.dir.clone(),
+        });
+        let members: Result<Vec<NodeName>, String> = spec
+            .members
+            .iter()
+            .map(|member| {
+                member
+                    .parse()
+                    .map_err(|_| format!("member '{member}' is not a node name"))
+            })
+            .collect();
+        let members = match members {
+            Ok(members) => members,
+            Err(reason) => {
+                tracing::error!(group = spec.group, %reason, "cannot start a quorum queue's group");
+                started_sender.send_replace(Started::Failed(reason));
+                return log;
+            }
+        };
+        let mut settings = GroupSettings::new(spec.group, spec.dir, self.local.clone(), members);
+        settings.stands_first = spec.preferred_leader == self.local.as_str();
+        let consensus = Arc::clone(&self.consensus);
+        let running = Arc::clone(&self.running);
+        let weak = Arc::downgrade(&log);
+        tokio::spawn(async move {
+            let dir = settings.dir.clone();
+            let settings_group = settings.group;
+            match consensus
+                .start_group(settings, Box::new(Adapter(machine)))
+                .await
+            {
+                Ok(group) => {
+                    let group_id = settings_group;
+                    lock(&running).insert(group_id, Arc::clone(&group));
+                    started_sender.send_replace(Started::Running(Arc::clone(&group)));
+                    // Stopped while it started (or dropped): stop it now.
+                    let stop = weak.upgrade().map_or(Some(false), |log| *lock(&log.stop));
+                    if let Some(erase) = stop {
+                        lock(&running).remove(&group_id);
+                        stop_group(group, erase, dir).await;
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, "a quorum queue's group did not start");
+                    started_sender.send_replace(Started::Failed(error.to_string()));
+                }
+            }
+        });
+        log
+    }
+
+    fn local_node(&self) -> String {
+        self.local.to_string()
+    }
+
+    fn node_number(&self) -> u16 {
+        self.node_number
+    }
+}

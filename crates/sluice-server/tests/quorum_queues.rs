@@ -1,0 +1,400 @@
+//! Quorum queues on a single node (a group of one): RabbitMQ's declaration
+//! rules and texts, confirms once committed, consumers within prefetch,
+//! redeliveries counted in `x-delivery-count`, the delivery limit, length
+//! limits, basic.get, purge, delete, and everything kept across a restart.
+
+mod helpers;
+mod support;
+
+use helpers::*;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
+    BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use support::TestServer;
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+fn quorum(extra: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut arguments = table(extra);
+    arguments.insert("x-queue-type".into(), text("quorum"));
+    arguments
+}
+
+async fn declare_quorum(
+    channel: &Channel,
+    name: &str,
+    extra: &[(&str, AMQPValue)],
+) -> lapin::Queue {
+    declare_with(channel, name, durable(), quorum(extra))
+        .await
+        .expect("the quorum queue declares")
+}
+
+/// Publishes persistent messages `first..first + count` (4-byte bodies)
+/// and returns the confirms: true for each ack.
+async fn publish_confirmed(
+    channel: &Channel,
+    queue: &str,
+    numbers: std::ops::Range<u32>,
+) -> Vec<bool> {
+    let mut pending = Vec::new();
+    for number in numbers {
+        pending.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &number.to_be_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish sent"),
+        );
+    }
+    let mut acks = Vec::new();
+    for confirm in pending {
+        acks.push(confirm.await.expect("confirm arrives").is_ack());
+    }
+    acks
+}
+
+fn number(body: &[u8]) -> u32 {
+    u32::from_be_bytes(body[..4].try_into().expect("a 4-byte body"))
+}
+
+async fn confirming_channel(server: &TestServer) -> (lapin::Connection, Channel) {
+    let (connection, channel) = open(server).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    (connection, channel)
+}
+
+#[tokio::test]
+async fn quorum_queue_declarations_follow_rabbitmq_rules_and_texts() {
+    let server = TestServer::start().await;
+    let connection = connect(&server).await;
+    let refusals: [(&str, QueueDeclareOptions, FieldTable, &str); 5] = [
+        (
+            "transient",
+            QueueDeclareOptions::default(),
+            quorum(&[]),
+            "PRECONDITION_FAILED - invalid property 'non-durable' for queue 'transient' in vhost '/'",
+        ),
+        (
+            "auto",
+            QueueDeclareOptions {
+                durable: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            quorum(&[]),
+            "PRECONDITION_FAILED - invalid property 'auto-delete' for queue 'auto' in vhost '/'",
+        ),
+        (
+            "mine",
+            QueueDeclareOptions {
+                durable: true,
+                exclusive: true,
+                ..Default::default()
+            },
+            quorum(&[]),
+            "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue 'mine' in vhost '/'",
+        ),
+        (
+            "prioritised",
+            durable(),
+            quorum(&[("x-max-priority", AMQPValue::LongInt(5))]),
+            "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'prioritised' in vhost '/'",
+        ),
+        (
+            "dlx-overflow",
+            durable(),
+            quorum(&[("x-overflow", text("reject-publish-dlx"))]),
+            "PRECONDITION_FAILED - invalid arg 'x-overflow' with value 'reject-publish-dlx' for queue 'dlx-overflow' in vhost '/'",
+        ),
+    ];
+    for (name, options, arguments, expected) in refusals {
+        let channel = connection.create_channel().await.unwrap();
+        let (code, message) = amqp_error(declare_with(&channel, name, options, arguments).await);
+        assert_eq!((code, message.as_str()), (406, expected));
+    }
+    let channel = connection.create_channel().await.unwrap();
+    let declared = declare_quorum(&channel, "q", &[]).await;
+    assert_eq!(
+        (declared.message_count(), declared.consumer_count()),
+        (0, 0)
+    );
+    // The same again is fine; another type is not.
+    declare_quorum(&channel, "q", &[]).await;
+    let (code, message) =
+        amqp_error(declare_with(&channel, "q", durable(), FieldTable::default()).await);
+    assert_eq!(code, 406, "{message}");
+    assert!(
+        message.contains("inequivalent arg 'x-queue-type'"),
+        "{message}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quorum_queue_confirms_delivers_in_order_and_counts_redeliveries() {
+    let server = TestServer::start().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    declare_quorum(&channel, "orders", &[]).await;
+    let acks = publish_confirmed(&channel, "orders", 0..500).await;
+    assert!(acks.iter().all(|ack| *ack), "every publish is confirmed");
+    let declared = declare_quorum(&channel, "orders", &[]).await;
+    assert_eq!(declared.message_count(), 500);
+
+    // basic.get takes the head; a nack puts it back, counted.
+    let got = channel
+        .basic_get("orders".into(), BasicGetOptions { no_ack: false })
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(number(&got.delivery.data), 0);
+    assert_eq!(got.message_count, 499);
+    assert!(!got.delivery.redelivered);
+    channel
+        .basic_nack(
+            got.delivery.delivery_tag,
+            BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            },
+        )
+        .await
+        .unwrap();
+
+    let consumer_channel = server_channel(&_connection).await;
+    consumer_channel
+        .basic_qos(50, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consumer_channel
+        .basic_consume(
+            "orders".into(),
+            "reader".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let first = next_delivery(&mut consumer).await;
+    assert_eq!(number(&first.data), 0, "the returned message comes first");
+    assert!(first.redelivered);
+    let count = first
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count").cloned());
+    assert_eq!(count, Some(AMQPValue::LongLongInt(1)));
+    first.ack(BasicAckOptions::default()).await.unwrap();
+    for expected in 1..500 {
+        let delivery = next_delivery(&mut consumer).await;
+        assert_eq!(number(&delivery.data), expected, "in publish order");
+        assert!(!delivery.redelivered);
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    eventually("the queue is empty", || {
+        server.queue("orders").message_count() == 0
+    })
+    .await;
+    server.stop().await;
+}
+
+async fn server_channel(connection: &lapin::Connection) -> Channel {
+    connection.create_channel().await.expect("channel opens")
+}
+
+#[tokio::test]
+async fn quorum_queue_returns_what_a_closed_channel_held_and_survives_a_restart() {
+    let server = TestServer::start().await;
+    let (connection, channel) = confirming_channel(&server).await;
+    declare_quorum(&channel, "kept", &[]).await;
+    assert!(publish_confirmed(&channel, "kept", 0..100)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    // A consumer takes ten and its channel closes without acking them.
+    let reader = server_channel(&connection).await;
+    reader
+        .basic_qos(10, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = reader
+        .basic_consume(
+            "kept".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for expected in 0..10 {
+        assert_eq!(number(&next_delivery(&mut consumer).await.data), expected);
+    }
+    assert_no_delivery(&mut consumer).await;
+    reader.close(200, "done".into()).await.unwrap();
+    eventually("the ten are back", || {
+        server.queue("kept").stats().messages_unacknowledged == 0
+    })
+    .await;
+    // Ten taken for good.
+    for _ in 0..10 {
+        let got = channel
+            .basic_get("kept".into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("a message");
+        assert!(got.delivery.redelivered, "the returned ones first");
+    }
+    drop(connection);
+
+    let server = server.restart().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    let declared = declare_quorum(&channel, "kept", &[]).await;
+    assert_eq!(
+        declared.message_count(),
+        90,
+        "what was confirmed and not taken"
+    );
+    let mut numbers = Vec::new();
+    while let Some(body) = get_body(&channel, "kept", true).await {
+        numbers.push(number(&body));
+    }
+    assert_eq!(numbers, (10..100).collect::<Vec<_>>());
+    // Purged and deleted like any queue.
+    assert!(publish_confirmed(&channel, "kept", 0..5)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    let purged = channel
+        .queue_purge("kept".into(), QueuePurgeOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(purged, 5);
+    channel
+        .queue_delete("kept".into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let (code, _) = amqp_error(
+        declare_with(
+            &channel,
+            "kept",
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await,
+    );
+    assert_eq!(code, 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quorum_queue_dead_letters_past_the_delivery_limit_and_nacks_past_its_length() {
+    let server = TestServer::start().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    declare_with(&channel, "dead", durable(), FieldTable::default())
+        .await
+        .unwrap();
+    declare_quorum(
+        &channel,
+        "limited",
+        &[
+            ("x-delivery-limit", AMQPValue::LongInt(1)),
+            ("x-dead-letter-exchange", text("")),
+            ("x-dead-letter-routing-key", text("dead")),
+        ],
+    )
+    .await;
+    assert!(publish_confirmed(&channel, "limited", 7..8).await[0]);
+    // Delivered, returned once (allowed), delivered again, returned: past
+    // the limit, it goes to the dead-letter queue.
+    for round in 0..2 {
+        let got = channel
+            .basic_get("limited".into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("delivered in round {round}"));
+        channel
+            .basic_nack(
+                got.delivery.delivery_tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    eventually("dead-lettered", || {
+        server.queue("dead").message_count() == 1
+    })
+    .await;
+    let dead = channel
+        .basic_get("dead".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the dead letter");
+    assert_eq!(number(&dead.delivery.data), 7);
+    let death = dead
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-death").cloned());
+    let Some(AMQPValue::FieldArray(deaths)) = death else {
+        panic!("x-death is set: {death:?}");
+    };
+    let Some(AMQPValue::FieldTable(first)) = deaths.as_slice().first() else {
+        panic!("one death");
+    };
+    assert_eq!(first.inner().get("reason"), Some(&text("delivery_limit")));
+    assert_eq!(get_body(&channel, "limited", true).await, None);
+
+    // reject-publish: the publish past the limit is nacked.
+    declare_quorum(
+        &channel,
+        "short",
+        &[
+            ("x-max-length", AMQPValue::LongInt(2)),
+            ("x-overflow", text("reject-publish")),
+        ],
+    )
+    .await;
+    let acks = publish_confirmed(&channel, "short", 0..3).await;
+    assert_eq!(acks, [true, true, false]);
+    // drop-head (the default): the oldest go.
+    declare_quorum(
+        &channel,
+        "rolling",
+        &[("x-max-length", AMQPValue::LongInt(2))],
+    )
+    .await;
+    assert!(publish_confirmed(&channel, "rolling", 0..5)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    let mut left = Vec::new();
+    while let Some(body) = get_body(&channel, "rolling", true).await {
+        left.push(number(&body));
+    }
+    assert_eq!(left, [3, 4]);
+    server.stop().await;
+}
