@@ -19,6 +19,10 @@ use tokio::sync::watch;
 /// again after a leader change.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+const QUEUE_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(150);
+const QUEUE_ELECTION_TIMEOUT: (Duration, Duration) =
+    (Duration::from_millis(600), Duration::from_millis(1200));
+
 /// The node's consensus, for quorum queues.
 pub struct NodeQuorumGroups {
     pub consensus: Arc<ConsensusNode>,
@@ -153,6 +157,16 @@ impl ReplicatedLog for QuorumGroupLog {
     }
 }
 
+/// Logs each leader the group has, as this member learns of it: where a
+/// queue is served from, and when that moved.
+async fn log_leaders(group: Arc<RaftGroup>, label: String) {
+    let mut known = None;
+    while let Some(leader) = group.leader_other_than(known.as_ref()).await {
+        tracing::info!(queue = %label, %leader, "quorum queue leader");
+        known = Some(leader);
+    }
+}
+
 impl QuorumGroups for NodeQuorumGroups {
     fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog> {
         let (started_sender, started) = watch::channel(Started::Starting);
@@ -183,6 +197,14 @@ impl QuorumGroups for NodeQuorumGroups {
         };
         let mut settings = GroupSettings::new(spec.group, spec.dir, self.local.clone(), members);
         settings.stands_first = spec.preferred_leader == self.local.as_str();
+        settings.another_stands_first = !settings.stands_first;
+        // A queue's clients wait on its leader: a dead or hung one is
+        // replaced within about two seconds (the followers wait out its
+        // lease, then elect), inside the five allowed for confirms to
+        // resume.
+        settings.heartbeat_interval = QUEUE_HEARTBEAT_INTERVAL;
+        settings.election_timeout = QUEUE_ELECTION_TIMEOUT;
+        let label = spec.label.clone();
         let consensus = Arc::clone(&self.consensus);
         let running = Arc::clone(&self.running);
         let weak = Arc::downgrade(&log);
@@ -194,6 +216,7 @@ impl QuorumGroups for NodeQuorumGroups {
                 .await
             {
                 Ok(group) => {
+                    tokio::spawn(log_leaders(Arc::clone(&group), label));
                     let group_id = settings_group;
                     lock(&running).insert(group_id, Arc::clone(&group));
                     started_sender.send_replace(Started::Running(Arc::clone(&group)));

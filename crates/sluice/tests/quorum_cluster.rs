@@ -27,7 +27,10 @@ const CONFIRMS_RESUME_WITHIN: Duration = Duration::from_secs(5);
 
 fn quorum() -> FieldTable {
     let mut arguments = FieldTable::default();
-    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     arguments
 }
 
@@ -55,13 +58,14 @@ async fn publish_until(
         .await
         .unwrap();
     let mut waiting = std::collections::VecDeque::new();
+    let confirm_of =
+        |confirm: lapin::Result<lapin::Confirmation>| confirm.expect("a confirm arrives").is_ack();
     let mut number = 0u32;
     loop {
         let stopping = stop.load(std::sync::atomic::Ordering::Acquire);
         if waiting.len() == IN_FLIGHT || (stopping && !waiting.is_empty()) {
-            let (sent, confirm): (u32, lapin::publisher_confirm::PublisherConfirm) =
-                waiting.pop_front().expect("one waiting");
-            let acked = confirm.await.expect("a confirm arrives").is_ack();
+            let (sent, confirm) = waiting.pop_front().expect("one waiting");
+            let acked = confirm_of(confirm.await);
             let mut published = published.lock().unwrap();
             if acked {
                 published.confirmed.insert(sent);
@@ -147,6 +151,11 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
         .await
         .expect("the quorum queue declares");
     drop(channel);
+    // Node 1 stands first; the others hear of it.
+    nodes[1].wait_for_log(
+        &["quorum queue leader", "ledger", &nodes[0].name],
+        Duration::from_secs(20),
+    );
 
     let published = Arc::new(Mutex::new(Published::default()));
     let received = Arc::new(Mutex::new(BTreeSet::new()));
@@ -157,20 +166,25 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
         let port = nodes[1].amqp_port;
         tokio::spawn(async move { publish_until(port, stop, published).await })
     };
-    wait_until("2,000 confirms before the fault", Duration::from_secs(60), || {
-        published.lock().unwrap().confirmed.len() >= 2000
-    })
+    wait_until(
+        "2,000 confirms before the fault",
+        Duration::from_secs(60),
+        || published.lock().unwrap().confirmed.len() >= 2000,
+    )
     .await;
 
+    nodes[1].mark();
     let failed_at = Instant::now();
     match fault {
         Fault::Kill => nodes[0].kill(),
         Fault::Pause => nodes[0].signal(libc::SIGSTOP),
     }
     let confirmed_at_fault = published.lock().unwrap().confirmed.len();
-    wait_until("confirms resume on the surviving nodes", Duration::from_secs(30), || {
-        published.lock().unwrap().confirmed.len() >= confirmed_at_fault + 2000
-    })
+    wait_until(
+        "confirms resume on the surviving nodes",
+        Duration::from_secs(30),
+        || published.lock().unwrap().confirmed.len() >= confirmed_at_fault + 2000,
+    )
     .await;
     // The longest gap between confirms since the fault.
     let gap = {
@@ -185,19 +199,36 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
     };
     assert!(
         gap < CONFIRMS_RESUME_WITHIN,
-        "confirms stopped for {gap:?} after the leader's node failed"
+        "confirms stopped for {gap:?} after the leader's node failed at {:?}; node 2 logged:\n{}",
+        std::time::SystemTime::now() - failed_at.elapsed(),
+        nodes[1].logged_since_mark().join("\n")
     );
     if matches!(fault, Fault::Pause) {
         nodes[0].signal(libc::SIGCONT);
     }
 
+    // Another node leads now.
+    wait_until(
+        "a surviving node is elected",
+        Duration::from_secs(10),
+        || {
+            [&nodes[1].name, &nodes[2].name]
+                .iter()
+                .any(|successor| nodes[1].has_logged(&["quorum queue leader", "ledger", successor]))
+        },
+    )
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Release);
     publisher.await.expect("the publisher ends");
     let confirmed = published.lock().unwrap().confirmed.clone();
-    wait_until("every confirmed message is delivered", Duration::from_secs(60), || {
-        let received = received.lock().unwrap();
-        confirmed.iter().all(|number| received.contains(number))
-    })
+    wait_until(
+        "every confirmed message is delivered",
+        Duration::from_secs(60),
+        || {
+            let received = received.lock().unwrap();
+            confirmed.iter().all(|number| received.contains(number))
+        },
+    )
     .await;
     for node in &mut nodes {
         node.kill();

@@ -40,9 +40,12 @@ pub struct GroupSettings {
     /// Entries between snapshots; the log keeps as many behind the last
     /// snapshot for members that lag a little.
     pub snapshot_every: u64,
-    /// A new group's first leader, if this member: it stands for election
-    /// at once instead of waiting out an election timeout.
+    /// This member is a new group's first leader: it initializes the group
+    /// and stands for election at once; the other members wait for it.
+    /// When no member is (the metadata group), all initialize alike.
     pub stands_first: bool,
+    /// Another member stands first (see `stands_first`).
+    pub another_stands_first: bool,
 }
 
 impl GroupSettings {
@@ -59,6 +62,7 @@ impl GroupSettings {
             election_timeout: (Duration::from_millis(1500), Duration::from_millis(3000)),
             snapshot_every: 1000,
             stands_first: false,
+            another_stands_first: false,
         }
     }
 
@@ -172,19 +176,28 @@ impl ConsensusNode {
                         .map(|id| (id, BasicNode::new(member.as_str())))
                 })
                 .collect();
-            // Another member's identical initialization may have come
-            // first: then there is nothing to do.
-            if let Err(error) = raft.initialize(members).await {
-                tracing::debug!(group, %error, "group initialized by another member");
+            if !settings.another_stands_first {
+                initialize(&raft, members, group).await;
+            } else {
+                // A member that initializes stands for election at once:
+                // with a first leader named, the others wait for it and
+                // initialize themselves only if it never showed up.
+                let wait = settings.election_timeout.1 * 2;
+                tokio::spawn(initialize_unless_led(raft.clone(), members, group, wait));
             }
         }
-        if settings.members.len() == 1 || (settings.stands_first && fresh) {
+        if settings.members.len() == 1 {
             // Alone, it need not wait an election timeout to find out that
             // nobody else leads: it stands at once.
             raft.trigger()
                 .elect(false)
                 .await
                 .map_err(|error| fatal(error.to_string()))?;
+        } else if settings.stands_first && fresh {
+            // The other members start their groups as they apply the same
+            // declaration, a moment apart: it stands until one answers,
+            // well before any of them would stand itself.
+            tokio::spawn(stand_first(raft.clone(), settings.election_timeout.0));
         }
         let members: BTreeMap<u64, NodeName> = settings
             .members
@@ -369,6 +382,21 @@ impl RaftGroup {
         }
     }
 
+    /// Resolves with the leader once this node knows of one other than
+    /// `known` (None: any leader); None once the group stopped.
+    pub async fn leader_other_than(&self, known: Option<&NodeName>) -> Option<NodeName> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let current = metrics.borrow_watched().current_leader;
+            if let Some(leader) = current.and_then(|id| self.members.get(&id)) {
+                if Some(leader) != known {
+                    return Some(leader.clone());
+                }
+            }
+            metrics.changed().await.ok()?;
+        }
+    }
+
     /// Resolves once this node knows of a leader other than `leader`.
     async fn leader_changes_from(&self, leader: &NodeName) {
         let mut metrics = self.raft.metrics();
@@ -390,6 +418,52 @@ impl RaftGroup {
         if let Err(error) = self.raft.shutdown().await {
             tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
         }
+    }
+}
+
+/// Initializes a new group with its members.
+async fn initialize(raft: &Raft, members: BTreeMap<u64, BasicNode>, group: u64) {
+    // Another member's identical initialization may have come first: then
+    // there is nothing to do.
+    if let Err(error) = raft.initialize(members).await {
+        tracing::debug!(group, %error, "group initialized by another member");
+    }
+}
+
+/// Initializes a new group after `wait` unless a leader showed up first.
+async fn initialize_unless_led(
+    raft: Raft,
+    members: BTreeMap<u64, BasicNode>,
+    group: u64,
+    wait: Duration,
+) {
+    tokio::time::sleep(wait).await;
+    let led = raft.metrics().borrow_watched().current_leader.is_some();
+    if !led
+        && raft
+            .is_initialized()
+            .await
+            .is_ok_and(|initialized| !initialized)
+    {
+        initialize(&raft, members, group).await;
+    }
+}
+
+/// How often a group's first leader stands again while its peers start.
+const STAND_FIRST_EVERY: Duration = Duration::from_millis(50);
+
+/// Stands for election every [`STAND_FIRST_EVERY`] until the group has a
+/// leader, for at most `within`.
+async fn stand_first(raft: Raft, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if raft.metrics().borrow_watched().current_leader.is_some() {
+            return;
+        }
+        if raft.trigger().elect(false).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(STAND_FIRST_EVERY).await;
     }
 }
 

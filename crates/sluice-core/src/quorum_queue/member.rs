@@ -43,6 +43,8 @@ pub struct LocalConsumer {
     /// Writes consume-ok: run when its checkout is applied, before any
     /// delivery.
     pub announce: Option<Box<dyn FnOnce() + Send>>,
+    /// Its checkout is applied: the machine knows it.
+    pub checked_out: bool,
 }
 
 #[derive(Serialize, Deserialize)]

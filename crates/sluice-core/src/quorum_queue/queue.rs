@@ -202,6 +202,7 @@ impl QuorumQueue {
         let log = groups.open(
             GroupSpec {
                 group: queue.options.declared_at,
+                label: format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),
                 dir: spec.dir,
                 members: spec.members,
                 preferred_leader: spec.preferred_leader,
@@ -293,6 +294,7 @@ impl QuorumQueue {
                     let touched = match &command {
                         Command::Checkout { consumer, .. } => {
                             if let Some(local) = member.consumers.get_mut(consumer) {
+                                local.checked_out = true;
                                 if let Some(announce) = local.announce.take() {
                                     announce();
                                 }
@@ -302,9 +304,18 @@ impl QuorumQueue {
                         Command::NodeDown { node } if *node == self.node_number => {
                             // The others took this node for dead: its
                             // consumers are gone from the queue, and their
-                            // clients hear so.
-                            for (_, local) in member.consumers.drain() {
-                                local.consumer.sink.cancelled_by_queue(&local.consumer);
+                            // clients hear so. Those whose checkout comes
+                            // later in the log are not affected.
+                            let gone: Vec<ConsumerId> = member
+                                .consumers
+                                .iter()
+                                .filter(|(_, local)| local.checked_out)
+                                .map(|(id, _)| id.clone())
+                                .collect();
+                            for id in gone {
+                                if let Some(local) = member.consumers.remove(&id) {
+                                    local.consumer.sink.cancelled_by_queue(&local.consumer);
+                                }
                             }
                             None
                         }
@@ -555,6 +566,7 @@ impl QuorumQueue {
                 slot,
                 parked: std::collections::VecDeque::new(),
                 announce,
+                checked_out: false,
             },
         );
         Ok(id)

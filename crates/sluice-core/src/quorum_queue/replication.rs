@@ -31,6 +31,8 @@ pub struct GroupSpec {
     /// Unique on the cluster for the queue's life: the metadata log index
     /// that declared it.
     pub group: u64,
+    /// What the group is, for the log: "queue 'q' in vhost '/'".
+    pub label: String,
     /// Where this member keeps its log.
     pub dir: PathBuf,
     /// Every member's node name, the same on all of them.

@@ -88,6 +88,28 @@ impl Node {
         }
     }
 
+    /// Whether a line containing every one of `parts` was logged since the
+    /// last [`Node::mark`], as far as the log was read now.
+    pub fn has_logged(&self, parts: &[&str]) -> bool {
+        let mut seen = self.seen.borrow_mut();
+        if let Some(log) = self.log.as_ref() {
+            while let Ok(line) = log.try_recv() {
+                seen.0.push(line);
+            }
+        }
+        let (lines, cursor) = &*seen;
+        lines[*cursor..]
+            .iter()
+            .any(|line| parts.iter().all(|part| line.contains(part)))
+    }
+
+    /// The lines logged since the last [`Node::mark`], as far as read now.
+    pub fn logged_since_mark(&self) -> Vec<String> {
+        self.has_logged(&[]);
+        let seen = self.seen.borrow();
+        seen.0[seen.1..].to_vec()
+    }
+
     /// Later waits look only at lines logged from now on.
     pub fn mark(&self) {
         let mut seen = self.seen.borrow_mut();
