@@ -111,7 +111,7 @@ async fn stop_group(group: Arc<RaftGroup>, erase: bool, dir: std::path::PathBuf)
 }
 
 impl ReplicatedLog for QuorumGroupLog {
-    fn propose(&self, entry: Bytes) -> Proposed {
+    fn propose(&self, entry: Bytes, applied_here: bool) -> Proposed {
         let mut started = self.started.clone();
         Box::pin(async move {
             let state = started
@@ -120,8 +120,12 @@ impl ReplicatedLog for QuorumGroupLog {
                 .map_err(|_| "the group stopped".to_owned())?
                 .clone();
             match state {
-                Started::Running(group) => group
+                Started::Running(group) if applied_here => group
                     .propose(entry, PROPOSE_TIMEOUT)
+                    .await
+                    .map_err(|error| error.to_string()),
+                Started::Running(group) => group
+                    .propose_committed(entry, PROPOSE_TIMEOUT)
                     .await
                     .map_err(|error| error.to_string()),
                 Started::Failed(reason) => Err(reason),

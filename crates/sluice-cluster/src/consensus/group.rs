@@ -280,6 +280,30 @@ impl RaftGroup {
     /// # Errors
     /// No leader with a majority within `timeout`, or the group failed.
     pub async fn propose(&self, command: Bytes, timeout: Duration) -> Result<Bytes, ProposeError> {
+        self.propose_and(command, timeout, Applied::Here).await
+    }
+
+    /// As [`RaftGroup::propose`], but returns once the command is committed
+    /// and applied on the leader, without waiting for this member to apply
+    /// it (it learns the commit with the leader's next message): for a
+    /// proposer that needs only the leader's reply.
+    ///
+    /// # Errors
+    /// As [`RaftGroup::propose`].
+    pub async fn propose_committed(
+        &self,
+        command: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, ProposeError> {
+        self.propose_and(command, timeout, Applied::OnLeader).await
+    }
+
+    async fn propose_and(
+        &self,
+        command: Bytes,
+        timeout: Duration,
+        applied: Applied,
+    ) -> Result<Bytes, ProposeError> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -288,7 +312,7 @@ impl RaftGroup {
             }
             let attempt = match self.current_leader() {
                 Leader::Here => self.write_here(&command, left).await,
-                Leader::Peer(peer) => self.write_on(peer, &command, left).await,
+                Leader::Peer(peer) => self.write_on(peer, &command, left, applied).await,
                 Leader::Unknown => Attempt::Retry,
             };
             match attempt {
@@ -318,7 +342,13 @@ impl RaftGroup {
     /// A leader that stops answering (hung, cut off) is given up on as
     /// soon as another is elected, so the proposal goes there instead of
     /// waiting out the whole timeout on a dead one.
-    async fn write_on(&self, leader: &NodeName, command: &Bytes, left: Duration) -> Attempt {
+    async fn write_on(
+        &self,
+        leader: &NodeName,
+        command: &Bytes,
+        left: Duration,
+        applied: Applied,
+    ) -> Attempt {
         let request = Request::Propose(command.to_vec());
         let forwarded = self.transport.request(leader, self.group, request, left);
         let response = tokio::select! {
@@ -326,6 +356,9 @@ impl RaftGroup {
             () = self.leader_changes_from(leader) => return Attempt::Retry,
         };
         match response {
+            Ok(Response::Proposed(Ok((reply, _)))) if applied == Applied::OnLeader => {
+                Attempt::Done(reply_bytes(reply))
+            }
             Ok(Response::Proposed(Ok((reply, index)))) => {
                 match self.wait_applied(index, left).await {
                     Ok(()) => Attempt::Done(reply_bytes(reply)),
@@ -465,6 +498,13 @@ async fn stand_first(raft: Raft, within: Duration) {
         }
         tokio::time::sleep(STAND_FIRST_EVERY).await;
     }
+}
+
+/// Where a proposal must be applied before its proposer hears back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    Here,
+    OnLeader,
 }
 
 enum Leader<'a> {

@@ -95,6 +95,12 @@ pub enum Command {
         consumer: ConsumerId,
         deliveries: Vec<DeliveryId>,
     },
+    /// Given to a consumer's member but never to its client (the consumer
+    /// went first): back to the queue, first, not counted as delivered.
+    Release {
+        consumer: ConsumerId,
+        deliveries: Vec<DeliveryId>,
+    },
     /// Rejected without requeue: dead-lettered (`rejected`).
     Discard {
         consumer: ConsumerId,

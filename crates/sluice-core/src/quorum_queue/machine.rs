@@ -227,6 +227,19 @@ impl QueueMachine {
                 |machine, message| machine.put_back(message),
                 &mut effects,
             ),
+            Command::Release {
+                consumer,
+                deliveries,
+            } => self.settle(
+                &consumer,
+                &deliveries,
+                |machine, message| {
+                    machine.ready_bytes += u64::from(message.size);
+                    machine.returned.push_back(message);
+                    Fate::Requeued
+                },
+                &mut effects,
+            ),
             Command::Discard {
                 consumer,
                 deliveries,

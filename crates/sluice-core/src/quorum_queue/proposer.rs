@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use super::command::Reply;
+use super::command::{Command, Reply};
 use super::entry::{decode, encode, Batch, BatchReply, Item};
 use super::replication::ReplicatedLog;
 use crate::confirm::ForwardedConfirm;
@@ -108,9 +108,20 @@ impl Proposer {
         self.wake.notify_one();
     }
 
-    /// Queues anything else.
+    /// Queues anything else. A settlement right behind another of the same
+    /// kind for the same consumer joins it: a consumer acking one message
+    /// at a time costs one item per entry, not one per ack.
     pub fn submit(&self, item: Item, waiter: Waiter) {
-        lock(&self.backlog).items.push((item, waiter));
+        let mut backlog = lock(&self.backlog);
+        if let (Item::Machine(command), Waiter::Nobody) = (&item, &waiter) {
+            if let Some((Item::Machine(last), Waiter::Nobody)) = backlog.items.last_mut() {
+                if join_settlements(last, command) {
+                    return;
+                }
+            }
+        }
+        backlog.items.push((item, waiter));
+        drop(backlog);
         self.wake.notify_one();
     }
 
@@ -174,13 +185,18 @@ impl Proposer {
                 continue;
             }
             let (items, waiters): (Vec<Item>, Vec<Waiter>) = batch.into_iter().unzip();
+            // basic.get reads the body this member holds once it applied
+            // the entry; everything else needs only the leader's word.
+            let applied_here = items
+                .iter()
+                .any(|item| matches!(item, Item::Machine(Command::Dequeue { .. })));
             let entry = encode(&Batch {
                 time_ms: wall_ms(),
                 items,
             });
             let started = Instant::now();
             let outcome = loop {
-                match log.propose(entry.clone()).await {
+                match log.propose(entry.clone(), applied_here).await {
                     Ok(reply) => break decode::<BatchReply>(&reply),
                     Err(error)
                         if started.elapsed() < GIVE_UP_AFTER
@@ -217,9 +233,128 @@ impl Proposer {
     }
 }
 
+/// Adds `next`'s deliveries to `last` when both settle the same way for
+/// the same consumer; whether it did.
+fn join_settlements(last: &mut Command, next: &Command) -> bool {
+    match (last, next) {
+        (
+            Command::Settle {
+                consumer,
+                deliveries,
+            },
+            Command::Settle {
+                consumer: next_consumer,
+                deliveries: more,
+            },
+        )
+        | (
+            Command::Return {
+                consumer,
+                deliveries,
+            },
+            Command::Return {
+                consumer: next_consumer,
+                deliveries: more,
+            },
+        )
+        | (
+            Command::Release {
+                consumer,
+                deliveries,
+            },
+            Command::Release {
+                consumer: next_consumer,
+                deliveries: more,
+            },
+        )
+        | (
+            Command::Discard {
+                consumer,
+                deliveries,
+            },
+            Command::Discard {
+                consumer: next_consumer,
+                deliveries: more,
+            },
+        ) if consumer == next_consumer => {
+            deliveries.extend_from_slice(more);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Milliseconds since the Unix epoch: the queue's log time.
 pub fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quorum_queue::command::ConsumerId;
+
+    fn consumer(tag: &str) -> ConsumerId {
+        ConsumerId {
+            connection: 1,
+            channel: 1,
+            tag: tag.to_owned(),
+        }
+    }
+
+    #[test]
+    fn quorum_proposer_joins_settlements_of_one_consumer_in_a_row() {
+        let proposer = Proposer::new();
+        let settle = |tag: &str, delivery| {
+            Item::Machine(Command::Settle {
+                consumer: consumer(tag),
+                deliveries: vec![delivery],
+            })
+        };
+        proposer.submit(settle("a", 1), Waiter::Nobody);
+        proposer.submit(settle("a", 2), Waiter::Nobody);
+        proposer.submit(settle("b", 3), Waiter::Nobody);
+        proposer.submit(
+            Item::Machine(Command::Return {
+                consumer: consumer("b"),
+                deliveries: vec![4],
+            }),
+            Waiter::Nobody,
+        );
+        proposer.submit(settle("b", 5), Waiter::Nobody);
+        let batch: Vec<Item> = proposer
+            .take_batch()
+            .into_iter()
+            .map(|(item, _)| item)
+            .collect();
+        let shapes: Vec<String> = batch
+            .iter()
+            .map(|item| match item {
+                Item::Machine(Command::Settle {
+                    consumer,
+                    deliveries,
+                }) => {
+                    format!("settle {} {deliveries:?}", consumer.tag)
+                }
+                Item::Machine(Command::Return {
+                    consumer,
+                    deliveries,
+                }) => {
+                    format!("return {} {deliveries:?}", consumer.tag)
+                }
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                "settle a [1, 2]",
+                "settle b [3]",
+                "return b [4]",
+                "settle b [5]"
+            ]
+        );
+    }
 }

@@ -51,11 +51,20 @@ const ITEM_BITS: u32 = 16;
 /// them): what a member may hold for it while its channel is busy.
 pub const UNLIMITED_CREDIT: u32 = 2000;
 
-/// The machine's credit for a consumer.
+/// Below this prefetch a consumer's credit is its prefetch exactly: work
+/// queues with a prefetch of 1 rely on a busy consumer getting nothing
+/// more while another is idle.
+const EXACT_CREDIT_BELOW: u32 = 10;
+
+/// The machine's credit for a consumer: twice its prefetch, so that the
+/// member holds the next deliveries while the settlements of the last ones
+/// are committed, and hands them over as soon as the client acks instead of
+/// a commit round trip later.
 pub fn machine_credit(consumer: &Consumer) -> u32 {
     match consumer.prefetch_count {
         0 => UNLIMITED_CREDIT,
-        prefetch => prefetch.min(UNLIMITED_CREDIT),
+        prefetch if prefetch < EXACT_CREDIT_BELOW => prefetch,
+        prefetch => prefetch.saturating_mul(2).min(UNLIMITED_CREDIT),
     }
 }
 
@@ -322,6 +331,7 @@ impl QuorumQueue {
                         Command::Cancel { consumer }
                         | Command::Settle { consumer, .. }
                         | Command::Return { consumer, .. }
+                        | Command::Release { consumer, .. }
                         | Command::Discard { consumer, .. } => Some(consumer.clone()),
                         _ => None,
                     };
@@ -430,6 +440,9 @@ impl QuorumQueue {
 
     /// Offers a delivery to its consumer's channel.
     fn hand_over(&self, consumer: &Arc<Consumer>, entry: &QueuedMessage) -> bool {
+        if !consumer.has_prefetch_room() {
+            return false;
+        }
         let handle = || self.arc() as Arc<dyn Queue>;
         let taken = consumer.sink.deliver(consumer, &handle, entry);
         if taken {
@@ -437,6 +450,30 @@ impl QuorumQueue {
                 .count_delivery(entry.message.body_size(), entry.redelivered);
         }
         taken
+    }
+
+    /// Hands parked deliveries to the channels of `only` (all when None)
+    /// while they have room.
+    fn hand_parked(&self, only: Option<&[ConsumerId]>) {
+        let mut undelivered = Undelivered::default();
+        {
+            let mut member = lock(&self.member);
+            for (id, local) in &mut member.consumers {
+                if only.is_some_and(|only| !only.contains(id)) {
+                    continue;
+                }
+                while let Some((delivery, entry)) = local.parked.front() {
+                    if !self.hand_over(&local.consumer, entry) {
+                        break;
+                    }
+                    if local.consumer.no_ack {
+                        undelivered.settled.push((id.clone(), *delivery));
+                    }
+                    local.parked.pop_front();
+                }
+            }
+        }
+        self.settle_undelivered(undelivered);
     }
 
     /// Proposes what becomes of deliveries no channel will settle:
@@ -460,7 +497,7 @@ impl QuorumQueue {
             self.proposer.submit(Item::Machine(command), Waiter::Nobody);
         }
         for (consumer, deliveries) in group(undelivered.returned) {
-            let command = Command::Return {
+            let command = Command::Release {
                 consumer,
                 deliveries,
             };
@@ -483,6 +520,7 @@ impl QuorumQueue {
                 }
             }
         }
+        let settled: Vec<ConsumerId> = by_consumer.keys().cloned().collect();
         for (consumer, deliveries) in by_consumer {
             if settlement == Settlement::Ack {
                 self.counters.acked.add(deliveries.len() as u64);
@@ -503,6 +541,9 @@ impl QuorumQueue {
             };
             self.proposer.submit(Item::Machine(command), Waiter::Nobody);
         }
+        // The settled deliveries freed prefetch room: what waits here for
+        // these consumers goes now, not a commit later.
+        self.hand_parked(Some(&settled));
     }
 
     /// Proposes `command` and waits for its reply.
@@ -752,22 +793,7 @@ impl Queue for QuorumQueue {
 
     /// Hands parked deliveries to the channels that have room again.
     fn dispatch(&self) {
-        let mut undelivered = Undelivered::default();
-        {
-            let mut member = lock(&self.member);
-            for (id, local) in &mut member.consumers {
-                while let Some((delivery, entry)) = local.parked.front() {
-                    if !self.hand_over(&local.consumer, entry) {
-                        break;
-                    }
-                    if local.consumer.no_ack {
-                        undelivered.settled.push((id.clone(), *delivery));
-                    }
-                    local.parked.pop_front();
-                }
-            }
-        }
-        self.settle_undelivered(undelivered);
+        self.hand_parked(None);
     }
 
     /// Subscribes at once (consume-ok now) for callers that cannot wait:
@@ -800,7 +826,7 @@ impl Queue for QuorumQueue {
         let parked: Vec<u64> = local.parked.iter().map(|(delivery, _)| *delivery).collect();
         if !parked.is_empty() {
             self.proposer.submit(
-                Item::Machine(Command::Return {
+                Item::Machine(Command::Release {
                     consumer: id.clone(),
                     deliveries: parked,
                 }),

@@ -49,9 +49,11 @@ pub type Proposed = Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send>>;
 
 /// One member's handle on its group.
 pub trait ReplicatedLog: Send + Sync {
-    /// Proposes `entry`; resolves once it is committed and applied on this
-    /// member, with the state machine's reply.
-    fn propose(&self, entry: Bytes) -> Proposed;
+    /// Proposes `entry`; resolves once it is committed and applied, with
+    /// the state machine's reply: applied on this member too when
+    /// `applied_here`, else on the leader (this member applies it a moment
+    /// later).
+    fn propose(&self, entry: Bytes, applied_here: bool) -> Proposed;
 
     /// Whether this member leads now: the one that acts on what applying
     /// an entry asks beyond the queue (dead-lettering), once.

@@ -629,3 +629,55 @@ fn quorum_machine_dequeues_and_forgets_the_consumers_of_a_node_that_went_down() 
     );
     assert_eq!(machine.apply(10, 0, dequeue(true)).0, Reply::Dequeued(None));
 }
+
+#[test]
+fn quorum_machine_release_puts_back_first_without_counting_a_delivery() {
+    let mut machine = QueueMachine::new(QueueConfig {
+        delivery_limit: Some(0),
+        ..QueueConfig::default()
+    });
+    for index in 1..=2 {
+        machine.apply(index, 0, enqueue());
+    }
+    let a = consumer(1, "a");
+    let (_, effects) = machine.apply(
+        3,
+        0,
+        Command::Checkout {
+            consumer: a.clone(),
+            spec: spec(1),
+        },
+    );
+    assert_eq!(deliveries(&effects), [("a".into(), 0, 1, 0)]);
+    machine.apply(
+        4,
+        0,
+        Command::Cancel {
+            consumer: a.clone(),
+        },
+    );
+    // Never seen by its client: back at the head, not past a delivery
+    // limit of 0, and the consumer is gone once it holds nothing.
+    let (reply, effects) = machine.apply(
+        5,
+        0,
+        Command::Release {
+            consumer: a.clone(),
+            deliveries: vec![0],
+        },
+    );
+    assert_eq!(reply, Reply::Ok);
+    assert!(effects.is_empty(), "{effects:?}");
+    assert!(!machine.has_consumer(&a));
+    let (reply, _) = machine.apply(
+        6,
+        0,
+        Command::Dequeue {
+            consumer: consumer(2, "basic.get"),
+            settled: true,
+        },
+    );
+    assert!(
+        matches!(reply, Reply::Dequeued(Some((_, message, 1))) if message.index == 1 && message.delivery_count == 0)
+    );
+}
