@@ -41,6 +41,7 @@ pub mod outbox;
 #[cfg(test)]
 mod panic_failpoint;
 pub mod quorum_groups;
+pub mod quorum_hibernation;
 pub mod resource_limit;
 pub mod server;
 pub mod settings;

@@ -3,10 +3,10 @@
 //! `sluice_cluster::consensus`), on the links and group commit every group
 //! shares. A group starts in the background; proposals wait for it.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::quorum_hibernation::{Activity, RunningGroups};
 use bytes::Bytes;
 use sluice_cluster::consensus::{ConsensusNode, GroupSettings, RaftGroup, StateMachine};
 use sluice_cluster::node_name::NodeName;
@@ -31,7 +31,7 @@ pub struct NodeQuorumGroups {
     /// Bumped when confirms may have come due.
     pub confirm_progress: Arc<watch::Sender<u64>>,
     /// The groups running on this node, stopped with it.
-    pub running: Arc<Mutex<HashMap<u64, Arc<RaftGroup>>>>,
+    pub running: RunningGroups,
 }
 
 impl NodeQuorumGroups {
@@ -39,7 +39,7 @@ impl NodeQuorumGroups {
     pub async fn stop_all(&self) {
         let groups: Vec<Arc<RaftGroup>> = lock(&self.running)
             .drain()
-            .map(|(_, group)| group)
+            .map(|(_, (group, _))| group)
             .collect();
         for group in groups {
             group.shutdown().await;
@@ -47,20 +47,25 @@ impl NodeQuorumGroups {
     }
 }
 
-/// The core's machine as the consensus applies it.
-struct Adapter(Box<dyn ReplicatedMachine>);
+/// The core's machine as the consensus applies it; applying an entry
+/// wakes a hibernating member.
+struct Adapter {
+    machine: Box<dyn ReplicatedMachine>,
+    activity: Arc<Activity>,
+}
 
 impl StateMachine for Adapter {
     fn apply(&mut self, index: u64, command: &[u8]) -> Bytes {
-        self.0.apply(index, command)
+        self.activity.touch(true);
+        self.machine.apply(index, command)
     }
 
     fn snapshot(&self) -> Bytes {
-        self.0.snapshot()
+        self.machine.snapshot()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        self.0.restore(snapshot)
+        self.machine.restore(snapshot)
     }
 }
 
@@ -75,7 +80,8 @@ enum Started {
 /// One member of a quorum queue's group.
 struct QuorumGroupLog {
     group_id: u64,
-    running: Arc<Mutex<HashMap<u64, Arc<RaftGroup>>>>,
+    running: RunningGroups,
+    activity: Arc<Activity>,
     started: watch::Receiver<Started>,
     confirm_progress: Arc<watch::Sender<u64>>,
     /// Set once stopped: a group that finishes starting afterwards stops.
@@ -112,6 +118,10 @@ async fn stop_group(group: Arc<RaftGroup>, erase: bool, dir: std::path::PathBuf)
 
 impl ReplicatedLog for QuorumGroupLog {
     fn propose(&self, entry: Bytes, applied_here: bool) -> Proposed {
+        // A leader replicates what it is handed, asleep or not; it wakes
+        // to keep its followers' leases while it is busy. A follower
+        // wakes when it applies, having heard from its leader.
+        self.activity.touch(self.is_leader());
         let mut started = self.started.clone();
         Box::pin(async move {
             let state = started
@@ -174,9 +184,11 @@ async fn log_leaders(group: Arc<RaftGroup>, label: String) {
 impl QuorumGroups for NodeQuorumGroups {
     fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog> {
         let (started_sender, started) = watch::channel(Started::Starting);
+        let activity = Activity::new();
         let log = Arc::new(QuorumGroupLog {
             group_id: spec.group,
             running: Arc::clone(&self.running),
+            activity: Arc::clone(&activity),
             started,
             confirm_progress: Arc::clone(&self.confirm_progress),
             stop: Mutex::new(None),
@@ -215,14 +227,16 @@ impl QuorumGroups for NodeQuorumGroups {
         tokio::spawn(async move {
             let dir = settings.dir.clone();
             let settings_group = settings.group;
-            match consensus
-                .start_group(settings, Box::new(Adapter(machine)))
-                .await
-            {
+            let adapter = Adapter {
+                machine,
+                activity: Arc::clone(&activity),
+            };
+            match consensus.start_group(settings, Box::new(adapter)).await {
                 Ok(group) => {
+                    activity.attach(&group);
                     tokio::spawn(log_leaders(Arc::clone(&group), label));
                     let group_id = settings_group;
-                    lock(&running).insert(group_id, Arc::clone(&group));
+                    lock(&running).insert(group_id, (Arc::clone(&group), Arc::clone(&activity)));
                     started_sender.send_replace(Started::Running(Arc::clone(&group)));
                     // Stopped while it started (or dropped): stop it now.
                     let stop = weak.upgrade().map_or(Some(false), |log| *lock(&log.stop));

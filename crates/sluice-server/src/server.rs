@@ -327,6 +327,7 @@ async fn open_node(
         confirm_progress: Arc::clone(confirm_progress),
         running: Arc::default(),
     });
+    crate::quorum_hibernation::start(&quorum_groups.running, links.as_ref());
     broker
         .metadata
         .install_quorum_groups(Arc::clone(&quorum_groups) as Arc<dyn QuorumGroups>);

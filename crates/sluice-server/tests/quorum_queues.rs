@@ -398,3 +398,38 @@ async fn quorum_queue_dead_letters_past_the_delivery_limit_and_nacks_past_its_le
     assert_eq!(left, [3, 4]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn quorum_queue_messages_expire_on_time_in_an_idle_queue() {
+    let server = TestServer::start().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    declare_with(&channel, "expired", durable(), FieldTable::default())
+        .await
+        .unwrap();
+    declare_quorum(
+        &channel,
+        "delayed",
+        &[
+            ("x-message-ttl", AMQPValue::LongInt(300)),
+            ("x-dead-letter-exchange", text("")),
+            ("x-dead-letter-routing-key", text("expired")),
+        ],
+    )
+    .await;
+    assert!(publish_confirmed(&channel, "delayed", 0..3)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    // Nothing else happens to the queue: its leader's tick expires them.
+    eventually("all three dead-lettered", || {
+        server.queue("expired").message_count() == 3
+    })
+    .await;
+    assert_eq!(server.queue("delayed").message_count(), 0);
+    let mut numbers = Vec::new();
+    while let Some(body) = get_body(&channel, "expired", true).await {
+        numbers.push(number(&body));
+    }
+    assert_eq!(numbers, [0, 1, 2]);
+    server.stop().await;
+}

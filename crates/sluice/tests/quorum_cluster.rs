@@ -244,3 +244,85 @@ async fn quorum_cluster_leader_killed_loses_nothing_confirmed() {
 async fn quorum_cluster_leader_paused_loses_nothing_confirmed() {
     leader_fails_while_publishing_and_consuming("qq-pause", Fault::Pause).await;
 }
+
+/// An idle queue's members hibernate (no timers); a publish wakes them, and
+/// a leader that dies while they sleep is replaced all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
+    let mut nodes = cluster("qq-idle", &["secret", "secret", "secret"]);
+    for node in &mut nodes {
+        node.start();
+    }
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    channel
+        .queue_declare(
+            "ledger".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum(),
+        )
+        .await
+        .expect("the quorum queue declares");
+    nodes[1].wait_for_log(
+        &["quorum queue leader", "ledger", &nodes[0].name],
+        Duration::from_secs(20),
+    );
+    let (_publishing, publisher) = channel_on(&nodes[1]).await;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let publish = |number: u32| {
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .basic_publish(
+                    "".into(),
+                    "ledger".into(),
+                    BasicPublishOptions::default(),
+                    &number.to_be_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish sent")
+                .await
+                .expect("confirmed")
+                .is_ack()
+        }
+    };
+    assert!(publish(0).await);
+    // Past the hibernation delay: every member sleeps.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    // A publish through a follower wakes the group.
+    assert!(publish(1).await);
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    // The sleeping leader dies; the next publish waits for a new one.
+    nodes[0].kill();
+    let started = Instant::now();
+    assert!(publish(2).await, "confirmed by the new leader");
+    assert!(
+        started.elapsed() < CONFIRMS_RESUME_WITHIN,
+        "confirmed after {:?}",
+        started.elapsed()
+    );
+    let (_consuming, consumer) = channel_on(&nodes[2]).await;
+    let mut numbers = Vec::new();
+    while let Some(message) = consumer
+        .basic_get(
+            "ledger".into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        numbers.push(u32::from_be_bytes(
+            message.delivery.data[..4].try_into().unwrap(),
+        ));
+    }
+    assert_eq!(numbers, [0, 1, 2]);
+    for node in &mut nodes {
+        node.kill();
+    }
+}

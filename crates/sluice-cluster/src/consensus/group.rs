@@ -445,6 +445,22 @@ impl RaftGroup {
         }
     }
 
+    /// Stops this member's timers: no heartbeats, no election timeouts, no
+    /// wake-ups at all while its group is idle. It still answers its
+    /// peers and replicates what is proposed.
+    pub fn hibernate(&self) {
+        let runtime = self.raft.runtime_config();
+        runtime.heartbeat(false);
+        runtime.tick(false);
+    }
+
+    /// Starts this member's timers again.
+    pub fn wake(&self) {
+        let runtime = self.raft.runtime_config();
+        runtime.tick(true);
+        runtime.heartbeat(true);
+    }
+
     /// Stops the group's Raft node.
     pub async fn shutdown(&self) {
         self.transport.unregister(self.group);

@@ -239,6 +239,10 @@ async fn handle(endpoint: GroupEndpoint, request: Request) -> Response {
             Response::ReadIndex(read_index(&raft, endpoint.propose_timeout).await)
         }
         Request::Propose(command) => {
+            // A hibernating leader (see `RaftGroup::hibernate`) wakes for
+            // the work a follower hands it.
+            raft.runtime_config().tick(true);
+            raft.runtime_config().heartbeat(true);
             let written = tokio::time::timeout(
                 endpoint.propose_timeout,
                 raft.client_write(Command(command)),

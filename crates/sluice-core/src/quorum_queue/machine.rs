@@ -143,6 +143,13 @@ impl QueueMachine {
         self.live.first().copied().unwrap_or(self.last_index + 1)
     }
 
+    /// When the message at the head expires (log time), if it does: the
+    /// leader proposes a tick then, so that an idle queue's messages
+    /// expire (and are dead-lettered) on time.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.peek_next().and_then(|head| head.expires_at_ms)
+    }
+
     /// Whether the message enqueued at `index` is still in the queue.
     pub fn is_live(&self, index: u64) -> bool {
         self.live.contains(&index)

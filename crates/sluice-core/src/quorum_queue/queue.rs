@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
 
 use amq_protocol::types::FieldTable;
 use bytes::Bytes;
@@ -25,7 +26,7 @@ use super::machine::{QueueMachine, NODE_SHIFT};
 use super::member::{
     message_id, split_message_id, with_delivery_count, LocalConsumer, Member, GET_SLOT,
 };
-use super::proposer::{Proposer, Waiter};
+use super::proposer::{wall_ms, Proposer, Waiter};
 use super::replication::{GroupSpec, QuorumGroups, ReplicatedLog, ReplicatedMachine};
 use crate::arguments::{as_strict_integer, as_text, parse_expiration};
 use crate::confirm::{ForwardedConfirm, PendingSafety};
@@ -108,6 +109,8 @@ pub struct QuorumQueue {
     deleted: AtomicBool,
     counters: MessageCounters,
     node_number: u16,
+    /// The log time a tick is due at, when one is scheduled.
+    tick_at: Mutex<Option<u64>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -207,6 +210,7 @@ impl QuorumQueue {
             deleted: AtomicBool::new(false),
             counters: MessageCounters::default(),
             node_number: spec.node_number,
+            tick_at: Mutex::new(None),
         });
         let log = groups.open(
             GroupSpec {
@@ -360,7 +364,13 @@ impl QuorumQueue {
             }
             replies.push(reply);
         }
+        let next_expiry = member.machine.next_expiry_ms();
         drop(member);
+        if leader {
+            if let Some(at) = next_expiry {
+                self.tick_at(at);
+            }
+        }
         self.settle_undelivered(undelivered);
         if !dead_letters.is_empty() {
             if let (Some(host), Some(target)) = (self.host.upgrade(), &self.dead_letter) {
@@ -368,6 +378,37 @@ impl QuorumQueue {
             }
         }
         encode(&replies)
+    }
+
+    /// Proposes a tick at log time `at_ms` (the head message's expiry),
+    /// unless one is due by then already.
+    fn tick_at(&self, at_ms: u64) {
+        {
+            let mut scheduled = lock(&self.tick_at);
+            if scheduled.is_some_and(|scheduled| scheduled <= at_ms) {
+                return;
+            }
+            *scheduled = Some(at_ms);
+        }
+        let queue = self.this.clone();
+        let wait = Duration::from_millis(at_ms.saturating_sub(wall_ms()) + 1);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Some(queue) = queue.upgrade() else {
+                return;
+            };
+            {
+                let mut scheduled = lock(&queue.tick_at);
+                if *scheduled == Some(at_ms) {
+                    *scheduled = None;
+                }
+            }
+            if !queue.is_deleted() {
+                queue
+                    .proposer
+                    .submit(Item::Machine(Command::Tick), Waiter::Nobody);
+            }
+        });
     }
 
     /// Does what applying an entry asked of this member: deliveries to the
