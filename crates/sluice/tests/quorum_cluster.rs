@@ -326,3 +326,121 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         node.kill();
     }
 }
+
+/// A queue of one member, used through a node that holds none: publishes
+/// (confirmed), counts, basic.get, a consumer and a purge all reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
+    let mut nodes = cluster("qq-nonmember", &["secret", "secret", "secret"]);
+    for node in &mut nodes {
+        node.start();
+    }
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = quorum();
+    arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
+    channel
+        .queue_declare(
+            "solo".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .expect("the quorum queue declares");
+    let (_elsewhere, third) = channel_on(&nodes[2]).await;
+    third
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for number in 0u32..20 {
+        let confirm = third
+            .basic_publish(
+                "".into(),
+                "solo".into(),
+                BasicPublishOptions::default(),
+                &number.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish sent")
+            .await
+            .expect("confirmed");
+        assert!(confirm.is_ack());
+    }
+    let counted = third
+        .queue_declare(
+            "solo".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare-ok");
+    assert_eq!(counted.message_count(), 20);
+    let got = third
+        .basic_get(
+            "solo".into(),
+            lapin::options::BasicGetOptions { no_ack: false },
+        )
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(
+        u32::from_be_bytes(got.delivery.data[..4].try_into().unwrap()),
+        0
+    );
+    got.delivery.ack(BasicAckOptions::default()).await.unwrap();
+    let reader = _elsewhere.create_channel().await.unwrap();
+    reader
+        .basic_qos(5, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = reader
+        .basic_consume(
+            "solo".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume-ok");
+    for expected in 1u32..20 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a delivery in time")
+            .expect("the consumer runs")
+            .expect("a delivery");
+        assert_eq!(
+            u32::from_be_bytes(delivery.data[..4].try_into().unwrap()),
+            expected
+        );
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    reader.close(200, "done".into()).await.unwrap();
+    for number in 0u32..5 {
+        third
+            .basic_publish(
+                "".into(),
+                "solo".into(),
+                BasicPublishOptions::default(),
+                &number.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish sent")
+            .await
+            .expect("confirmed");
+    }
+    let purged = third
+        .queue_purge("solo".into(), lapin::options::QueuePurgeOptions::default())
+        .await
+        .expect("purge-ok");
+    assert_eq!(purged, 5);
+    for node in &mut nodes {
+        node.kill();
+    }
+}

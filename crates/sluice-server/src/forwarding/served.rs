@@ -301,13 +301,37 @@ impl Served {
         queue.dispatch();
     }
 
-    pub fn get(&self, request: u64, key: &QueueKey, no_ack: bool) {
+    pub fn get(self: &Arc<Self>, request: u64, key: &QueueKey, no_ack: bool) {
         let Some(queue) = self.queue(key) else {
             self.fail(request, &Self::no_queue(key));
             return;
         };
         queue.touch();
-        match queue.get(no_ack) {
+        // A queue whose basic.get waits for its log (a quorum queue)
+        // answers when it has.
+        if let Some((log, local_key)) = queue.forwarded() {
+            let (served, key) = (Arc::clone(self), key.clone());
+            tokio::spawn(async move {
+                match log.get(local_key, no_ack).await {
+                    Ok(got) => served.answer_get(request, &key, queue.as_ref(), got, no_ack),
+                    Err(error) => served.fail(request, &error),
+                }
+            });
+            return;
+        }
+        let got = queue.get(no_ack);
+        self.answer_get(request, key, queue.as_ref(), got, no_ack);
+    }
+
+    fn answer_get(
+        &self,
+        request: u64,
+        key: &QueueKey,
+        queue: &dyn Queue,
+        got: Option<(QueuedMessage, u32)>,
+        no_ack: bool,
+    ) {
+        match got {
             Some((entry, remaining)) => {
                 if !no_ack && !self.hold(key, entry.offset, 0) {
                     queue.requeue(&[entry.offset]);
@@ -325,14 +349,25 @@ impl Served {
         }
     }
 
-    pub fn purge(&self, request: u64, key: &QueueKey) {
-        match self.queue(key) {
-            Some(queue) => self.lane.send(&Op::Purged {
-                request,
-                count: queue.purge(),
-            }),
-            None => self.fail(request, &Self::no_queue(key)),
+    pub fn purge(self: &Arc<Self>, request: u64, key: &QueueKey) {
+        let Some(queue) = self.queue(key) else {
+            self.fail(request, &Self::no_queue(key));
+            return;
+        };
+        if let Some((log, local_key)) = queue.forwarded() {
+            let served = Arc::clone(self);
+            tokio::spawn(async move {
+                match log.purge(local_key).await {
+                    Ok(count) => served.lane.send(&Op::Purged { request, count }),
+                    Err(error) => served.fail(request, &error),
+                }
+            });
+            return;
         }
+        self.lane.send(&Op::Purged {
+            request,
+            count: queue.purge(),
+        });
     }
 
     pub fn stats(&self, request: u64, key: &QueueKey) {
