@@ -433,3 +433,42 @@ async fn quorum_queue_messages_expire_on_time_in_an_idle_queue() {
     assert_eq!(numbers, [0, 1, 2]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn quorum_queue_unused_for_its_x_expires_is_deleted() {
+    let server = TestServer::start().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    declare_quorum(
+        &channel,
+        "short-lived",
+        &[("x-expires", AMQPValue::LongInt(500))],
+    )
+    .await;
+    assert!(publish_confirmed(&channel, "short-lived", 0..2)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    // Publishing is not using: it goes half a second after its declaration.
+    eventually("deleted", || {
+        server
+            .running()
+            .broker
+            .vhost("/")
+            .is_some_and(|vhost| vhost.queue("short-lived", 0).is_err())
+    })
+    .await;
+    let (code, _) = amqp_error(
+        declare_with(
+            &channel,
+            "short-lived",
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await,
+    );
+    assert_eq!(code, 404);
+    server.stop().await;
+}

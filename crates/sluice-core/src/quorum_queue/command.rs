@@ -60,6 +60,9 @@ pub struct QueueConfig {
     /// `x-delivery-limit`: a message returned more often than this is
     /// dead-lettered (`delivery_limit`) instead.
     pub delivery_limit: Option<u32>,
+    /// `x-expires`, milliseconds: the queue goes once unused this long.
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
     /// `x-message-ttl`, milliseconds.
     pub message_ttl_ms: Option<u64>,
     pub single_active_consumer: bool,
@@ -121,6 +124,9 @@ pub enum Command {
     /// Time passed (expiry is judged by log time, the same on every
     /// member).
     Tick,
+    /// The queue was used without a consumer: redeclared (its
+    /// `x-expires` countdown starts again).
+    Touch,
 }
 
 /// Why a message left the queue other than by an ack.

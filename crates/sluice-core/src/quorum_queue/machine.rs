@@ -91,6 +91,10 @@ pub struct QueueMachine {
     released: Vec<u64>,
     last_index: u64,
     now_ms: u64,
+    /// When the queue was last used (log time): subscribed to, read with
+    /// basic.get, redeclared, or left by its last consumer.
+    #[serde(default)]
+    used_at_ms: u64,
 }
 
 impl QueueMachine {
@@ -108,6 +112,7 @@ impl QueueMachine {
             released: Vec::new(),
             last_index: 0,
             now_ms: 0,
+            used_at_ms: 0,
         }
     }
 
@@ -150,6 +155,20 @@ impl QueueMachine {
         self.peek_next().and_then(|head| head.expires_at_ms)
     }
 
+    /// When the queue, unused since, reaches its `x-expires` (log time);
+    /// None while it has consumers or has no `x-expires`.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        let expires = self.config.expires_ms?;
+        let subscribed = self.consumers.values().any(|consumer| !consumer.cancelled);
+        (!subscribed).then(|| self.used_at_ms.saturating_add(expires))
+    }
+
+    /// Whether the queue went unused for its `x-expires` by log time
+    /// `now_ms`.
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms().is_some_and(|at| at <= now_ms)
+    }
+
     /// Whether the message enqueued at `index` is still in the queue.
     pub fn is_live(&self, index: u64) -> bool {
         self.live.contains(&index)
@@ -186,7 +205,17 @@ impl QueueMachine {
     pub fn apply(&mut self, index: u64, time_ms: u64, command: Command) -> (Reply, Vec<Effect>) {
         self.last_index = self.last_index.max(index);
         self.now_ms = self.now_ms.max(time_ms);
+        if self.used_at_ms == 0 {
+            // Its first entry: the x-expires countdown starts at creation.
+            self.used_at_ms = self.now_ms;
+        }
         let mut effects = Vec::new();
+        // Subscribing, cancelling and basic.get use the queue (a cancel
+        // starts the countdown from the last consumer's leaving).
+        let uses = matches!(
+            command,
+            Command::Checkout { .. } | Command::Cancel { .. } | Command::Dequeue { .. }
+        );
         let reply = match command {
             Command::Enqueue {
                 publisher,
@@ -281,7 +310,14 @@ impl QueueMachine {
                 Reply::Purged(purged)
             }
             Command::Tick => Reply::Ok,
+            Command::Touch => {
+                self.used_at_ms = self.now_ms;
+                Reply::Ok
+            }
         };
+        if uses {
+            self.used_at_ms = self.now_ms;
+        }
         self.expire_head(&mut effects);
         self.serve(&mut effects);
         self.drop_over_limit(&mut effects);

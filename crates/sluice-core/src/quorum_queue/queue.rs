@@ -143,6 +143,7 @@ pub fn queue_config(arguments: &FieldTable) -> QueueConfig {
         delivery_limit: number("x-delivery-limit")
             .map(|limit| limit.min(u64::from(u32::MAX)) as u32),
         message_ttl_ms: number("x-message-ttl"),
+        expires_ms: number("x-expires").filter(|expires| *expires > 0),
         single_active_consumer: matches!(
             arguments.inner().get("x-single-active-consumer"),
             Some(amq_protocol::types::AMQPValue::Boolean(true))
@@ -365,10 +366,19 @@ impl QuorumQueue {
             replies.push(reply);
         }
         let next_expiry = member.machine.next_expiry_ms();
+        let expires_at = member.machine.expires_at_ms();
+        let expired = member.machine.is_expired(batch.time_ms);
         drop(member);
         if leader {
-            if let Some(at) = next_expiry {
+            for at in [next_expiry, expires_at].into_iter().flatten() {
                 self.tick_at(at);
+            }
+            if expired {
+                // Unused for its x-expires: the vhost deletes it (once:
+                // the deletion names the queue's declaration).
+                if let (Some(host), Some(queue)) = (self.host.upgrade(), self.this.upgrade()) {
+                    host.expire(&(queue as Arc<dyn Queue>));
+                }
             }
         }
         self.settle_undelivered(undelivered);
@@ -961,13 +971,27 @@ impl Queue for QuorumQueue {
         self.counters.counts()
     }
 
-    fn touch(&self) {}
-
-    fn is_unused_for_expiry(&self) -> bool {
-        false
+    /// Redeclared: its `x-expires` countdown starts again, on every
+    /// member.
+    fn touch(&self) {
+        if lock(&self.member).machine.config().expires_ms.is_some() {
+            self.proposer
+                .submit(Item::Machine(Command::Touch), Waiter::Nobody);
+        }
     }
 
-    fn start_timers(&self) {}
+    fn is_unused_for_expiry(&self) -> bool {
+        lock(&self.member).machine.is_expired(wall_ms())
+    }
+
+    /// A queue with `x-expires` that nobody uses is deleted even if
+    /// nothing else happens to it: a tick comes due on its leader.
+    fn start_timers(&self) {
+        if lock(&self.member).machine.config().expires_ms.is_some() {
+            self.proposer
+                .submit(Item::Machine(Command::Tick), Waiter::Nobody);
+        }
+    }
 
     fn node_down(&self, node_number: u16) {
         self.proposer.submit(

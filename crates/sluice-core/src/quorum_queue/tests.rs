@@ -279,6 +279,7 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                     delivery_limit,
                     message_ttl_ms,
                     single_active_consumer: sac,
+                    expires_ms: None,
                 }
             },
         )
@@ -680,4 +681,36 @@ fn quorum_machine_release_puts_back_first_without_counting_a_delivery() {
     assert!(
         matches!(reply, Reply::Dequeued(Some((_, message, 1))) if message.index == 1 && message.delivery_count == 0)
     );
+}
+
+#[test]
+fn quorum_machine_expires_once_unused_for_its_x_expires() {
+    let mut machine = QueueMachine::new(QueueConfig {
+        expires_ms: Some(1000),
+        ..QueueConfig::default()
+    });
+    machine.apply(1, 5_000, enqueue());
+    assert_eq!(machine.expires_at_ms(), Some(6_000));
+    assert!(!machine.is_expired(5_999));
+    // A consumer holds it off; its leaving starts the countdown again.
+    let a = consumer(1, "a");
+    machine.apply(
+        2,
+        5_500,
+        Command::Checkout {
+            consumer: a.clone(),
+            spec: spec(10),
+        },
+    );
+    assert_eq!(machine.expires_at_ms(), None);
+    assert!(!machine.is_expired(100_000));
+    machine.apply(3, 7_000, Command::Cancel { consumer: a });
+    assert_eq!(machine.expires_at_ms(), Some(8_000));
+    // A redeclaration counts as a use.
+    machine.apply(4, 7_500, Command::Touch);
+    assert!(!machine.is_expired(8_000));
+    assert!(machine.is_expired(8_500));
+    // Without x-expires, never.
+    let plain = QueueMachine::new(QueueConfig::default());
+    assert_eq!(plain.expires_at_ms(), None);
 }
