@@ -72,6 +72,33 @@ fn number(body: &[u8]) -> u32 {
     u32::from_be_bytes(body[..4].try_into().expect("a 4-byte body"))
 }
 
+/// Takes every message left in `queue` (basic.get, no-ack): their numbers.
+async fn drain(channel: &Channel, queue: &str) -> Vec<u32> {
+    let mut numbers = Vec::new();
+    while let Some(body) = get_body(channel, queue, true).await {
+        numbers.push(number(&body));
+    }
+    numbers
+}
+
+/// The reply code of a passive declaration of `queue`: 404 once it is gone.
+async fn passive_declare_code(channel: &Channel, queue: &str) -> u16 {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    amqp_error(declare_with(channel, queue, passive, FieldTable::default()).await).0
+}
+
+/// Arguments that dead-letter to the queue `target` through the default
+/// exchange.
+fn dead_letter_to(target: &str) -> [(&'static str, AMQPValue); 2] {
+    [
+        ("x-dead-letter-exchange", text("")),
+        ("x-dead-letter-routing-key", text(target)),
+    ]
+}
+
 async fn confirming_channel(server: &TestServer) -> (lapin::Connection, Channel) {
     let (connection, channel) = open(server).await;
     channel
@@ -271,11 +298,7 @@ async fn quorum_queue_returns_what_a_closed_channel_held_and_survives_a_restart(
         90,
         "what was confirmed and not taken"
     );
-    let mut numbers = Vec::new();
-    while let Some(body) = get_body(&channel, "kept", true).await {
-        numbers.push(number(&body));
-    }
-    assert_eq!(numbers, (10..100).collect::<Vec<_>>());
+    assert_eq!(drain(&channel, "kept").await, (10..100).collect::<Vec<_>>());
     // Purged and deleted like any queue.
     assert!(publish_confirmed(&channel, "kept", 0..5)
         .await
@@ -290,19 +313,7 @@ async fn quorum_queue_returns_what_a_closed_channel_held_and_survives_a_restart(
         .queue_delete("kept".into(), QueueDeleteOptions::default())
         .await
         .unwrap();
-    let (code, _) = amqp_error(
-        declare_with(
-            &channel,
-            "kept",
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await,
-    );
-    assert_eq!(code, 404);
+    assert_eq!(passive_declare_code(&channel, "kept").await, 404);
     server.stop().await;
 }
 
@@ -317,10 +328,10 @@ async fn quorum_queue_dead_letters_past_the_delivery_limit_and_nacks_past_its_le
         &channel,
         "limited",
         &[
-            ("x-delivery-limit", AMQPValue::LongInt(1)),
-            ("x-dead-letter-exchange", text("")),
-            ("x-dead-letter-routing-key", text("dead")),
-        ],
+            [("x-delivery-limit", AMQPValue::LongInt(1))].as_slice(),
+            &dead_letter_to("dead"),
+        ]
+        .concat(),
     )
     .await;
     assert!(publish_confirmed(&channel, "limited", 7..8).await[0]);
@@ -391,11 +402,7 @@ async fn quorum_queue_dead_letters_past_the_delivery_limit_and_nacks_past_its_le
         .await
         .iter()
         .all(|ack| *ack));
-    let mut left = Vec::new();
-    while let Some(body) = get_body(&channel, "rolling", true).await {
-        left.push(number(&body));
-    }
-    assert_eq!(left, [3, 4]);
+    assert_eq!(drain(&channel, "rolling").await, [3, 4]);
     server.stop().await;
 }
 
@@ -410,10 +417,10 @@ async fn quorum_queue_messages_expire_on_time_in_an_idle_queue() {
         &channel,
         "delayed",
         &[
-            ("x-message-ttl", AMQPValue::LongInt(300)),
-            ("x-dead-letter-exchange", text("")),
-            ("x-dead-letter-routing-key", text("expired")),
-        ],
+            [("x-message-ttl", AMQPValue::LongInt(300))].as_slice(),
+            &dead_letter_to("expired"),
+        ]
+        .concat(),
     )
     .await;
     assert!(publish_confirmed(&channel, "delayed", 0..3)
@@ -426,11 +433,7 @@ async fn quorum_queue_messages_expire_on_time_in_an_idle_queue() {
     })
     .await;
     assert_eq!(server.queue("delayed").message_count(), 0);
-    let mut numbers = Vec::new();
-    while let Some(body) = get_body(&channel, "expired", true).await {
-        numbers.push(number(&body));
-    }
-    assert_eq!(numbers, [0, 1, 2]);
+    assert_eq!(drain(&channel, "expired").await, [0, 1, 2]);
     server.stop().await;
 }
 
@@ -457,18 +460,6 @@ async fn quorum_queue_unused_for_its_x_expires_is_deleted() {
             .is_some_and(|vhost| vhost.queue("short-lived", 0).is_err())
     })
     .await;
-    let (code, _) = amqp_error(
-        declare_with(
-            &channel,
-            "short-lived",
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await,
-    );
-    assert_eq!(code, 404);
+    assert_eq!(passive_declare_code(&channel, "short-lived").await, 404);
     server.stop().await;
 }

@@ -119,6 +119,24 @@ async fn consume_into(node: &Node, received: Arc<Mutex<BTreeSet<u32>>>) -> lapin
     connection
 }
 
+/// Publishes one persistent message numbered `number` to `queue` and waits
+/// for its confirm: true for an ack.
+async fn publish_one(channel: &lapin::Channel, queue: &str, number: u32) -> bool {
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            &number.to_be_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish sent")
+        .await
+        .expect("a confirm arrives")
+        .is_ack()
+}
+
 async fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !condition() {
@@ -274,34 +292,19 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    let publish = |number: u32| {
-        let publisher = publisher.clone();
-        async move {
-            publisher
-                .basic_publish(
-                    "".into(),
-                    "ledger".into(),
-                    BasicPublishOptions::default(),
-                    &number.to_be_bytes(),
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .expect("publish sent")
-                .await
-                .expect("confirmed")
-                .is_ack()
-        }
-    };
-    assert!(publish(0).await);
+    assert!(publish_one(&publisher, "ledger", 0).await);
     // Past the hibernation delay: every member sleeps.
     tokio::time::sleep(Duration::from_secs(13)).await;
     // A publish through a follower wakes the group.
-    assert!(publish(1).await);
+    assert!(publish_one(&publisher, "ledger", 1).await);
     tokio::time::sleep(Duration::from_secs(13)).await;
     // The sleeping leader dies; the next publish waits for a new one.
     nodes[0].kill();
     let started = Instant::now();
-    assert!(publish(2).await, "confirmed by the new leader");
+    assert!(
+        publish_one(&publisher, "ledger", 2).await,
+        "confirmed by the new leader"
+    );
     assert!(
         started.elapsed() < CONFIRMS_RESUME_WITHIN,
         "confirmed after {:?}",
@@ -355,19 +358,7 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
         .await
         .unwrap();
     for number in 0u32..20 {
-        let confirm = third
-            .basic_publish(
-                "".into(),
-                "solo".into(),
-                BasicPublishOptions::default(),
-                &number.to_be_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish sent")
-            .await
-            .expect("confirmed");
-        assert!(confirm.is_ack());
+        assert!(publish_one(&third, "solo", number).await);
     }
     let counted = third
         .queue_declare(
@@ -422,18 +413,7 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
     }
     reader.close(200, "done".into()).await.unwrap();
     for number in 0u32..5 {
-        third
-            .basic_publish(
-                "".into(),
-                "solo".into(),
-                BasicPublishOptions::default(),
-                &number.to_be_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish sent")
-            .await
-            .expect("confirmed");
+        assert!(publish_one(&third, "solo", number).await);
     }
     let purged = third
         .queue_purge("solo".into(), lapin::options::QueuePurgeOptions::default())
