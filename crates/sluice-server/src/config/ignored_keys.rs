@@ -135,7 +135,10 @@ const IGNORED: &[(&str, &str)] = &[
         "queue_index_embed_msgs_below",
         "classic queues journal messages whole",
     ),
-    ("raft.", "quorum queues are not supported yet"),
+    (
+        "raft.",
+        "a quorum queue's log batches by commit round trip (up to 4,096 items or 4 MiB an entry) and sizes its own segments",
+    ),
     ("proxy_protocol", "the PROXY protocol is not supported"),
     (
         "log.file.rotation.",
