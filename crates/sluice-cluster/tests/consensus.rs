@@ -48,6 +48,60 @@ impl StateMachine for History {
     }
 }
 
+/// A state that reads one entry back, as a quorum queue reads a body: a
+/// "hold" command needs its own entry until a "release" comes.
+#[derive(Clone, Default)]
+struct Holder(Arc<Mutex<HolderState>>);
+
+#[derive(Default)]
+struct HolderState {
+    applied: u64,
+    held: Option<u64>,
+    since_kept: u64,
+}
+
+impl StateMachine for Holder {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Bytes {
+        let mut state = self.0.lock().unwrap();
+        state.applied += 1;
+        match command {
+            b"hold" => state.held = Some(index),
+            b"release" => state.held = None,
+            _ => {}
+        }
+        Bytes::from(index.to_string())
+    }
+
+    fn snapshot(&self) -> Bytes {
+        let state = self.0.lock().unwrap();
+        let held = state.held.map_or(String::new(), |held| held.to_string());
+        Bytes::from(format!("{} {held}", state.applied))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let text = std::str::from_utf8(snapshot).map_err(|error| error.to_string())?;
+        let mut state = self.0.lock().unwrap();
+        let (applied, held) = text.split_once(' ').ok_or("no space")?;
+        state.applied = applied.parse().map_err(|_| "bad count")?;
+        state.held = held.parse().ok();
+        Ok(())
+    }
+
+    fn first_needed(&self) -> Option<u64> {
+        self.0.lock().unwrap().held
+    }
+
+    fn keep_for_snapshot(&mut self) -> bool {
+        let mut state = self.0.lock().unwrap();
+        state.since_kept += 1;
+        if state.since_kept < 5 {
+            return false;
+        }
+        state.since_kept = 0;
+        true
+    }
+}
+
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One member: its links, its group, its state, on its own directory.
@@ -66,6 +120,26 @@ impl Member {
         dir: &Path,
         snapshot_every: u64,
     ) -> Member {
+        let history = History::default();
+        Self::start_with(
+            name,
+            members,
+            dir,
+            snapshot_every,
+            Box::new(history.clone()),
+            history,
+        )
+        .await
+    }
+
+    async fn start_with(
+        name: &NodeName,
+        members: &[NodeName],
+        dir: &Path,
+        snapshot_every: u64,
+        machine: Box<dyn StateMachine>,
+        history: History,
+    ) -> Member {
         let wal = GroupCommit::start(Duration::ZERO, |_, _| {});
         let links = if members.len() > 1 {
             let settings = LinkSettings {
@@ -81,9 +155,8 @@ impl Member {
         let consensus = ConsensusNode::new(links.clone(), Arc::clone(&wal));
         let mut settings = GroupSettings::new(7, dir.to_path_buf(), name.clone(), members.to_vec());
         settings.snapshot_every = snapshot_every;
-        let history = History::default();
         let group = consensus
-            .start_group(settings, Box::new(history.clone()))
+            .start_group(settings, machine)
             .await
             .expect("the group starts");
         Member {
@@ -253,4 +326,59 @@ async fn consensus_without_a_majority_a_proposal_times_out() {
     );
     members[0].stop().await;
     let _ = std::fs::remove_dir_all(&base);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consensus_keeps_the_entries_its_state_reads_back_across_snapshots_and_restarts() {
+    let dir = temporary_dir("held");
+    let names = free_names(1);
+    let start = |holder: &Holder| {
+        Member::start_with(
+            &names[0],
+            &names,
+            &dir,
+            10,
+            Box::new(holder.clone()),
+            History::default(),
+        )
+    };
+    let holder = Holder::default();
+    let mut member = start(&holder).await;
+    for _ in 0..15 {
+        propose(&member, "a").await.unwrap();
+    }
+    let held: u64 = propose(&member, "hold").await.unwrap().parse().unwrap();
+    for _ in 0..60 {
+        propose(&member, "b").await.unwrap();
+    }
+    assert!(dir.join("snapshot").exists(), "a snapshot was taken before");
+    assert_eq!(
+        member.group().read_command(held).unwrap().as_deref(),
+        Some(&b"hold"[..]),
+        "60 entries and several snapshots later, the held entry is in the log"
+    );
+    member.stop().await;
+
+    let holder = Holder::default();
+    let mut member = start(&holder).await;
+    eventually("the state comes back", || {
+        let state = holder.0.lock().unwrap();
+        state.held == Some(held) && state.applied >= 76
+    })
+    .await;
+    assert_eq!(
+        member.group().read_command(held).unwrap().as_deref(),
+        Some(&b"hold"[..])
+    );
+    propose(&member, "release").await.unwrap();
+    for _ in 0..40 {
+        propose(&member, "c").await.unwrap();
+    }
+    // Released, the entry goes with the next snapshot's purge.
+    eventually("the released entry is purged", || {
+        member.group().read_command(held).unwrap().is_none()
+    })
+    .await;
+    member.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

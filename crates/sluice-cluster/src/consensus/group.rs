@@ -137,10 +137,12 @@ impl ConsensusNode {
             ConsensusError::storage(format!("opening the log in {}", dir.display()), error)
         })?;
         let snapshot_path = dir.join("snapshot");
-        let (state_machine, applied) = GroupStateMachine::open(machine, snapshot_path.clone())
-            .map_err(|error| {
-                ConsensusError::storage(format!("reading {}", snapshot_path.display()), error)
-            })?;
+        let (state_machine, applied) =
+            GroupStateMachine::open(machine, snapshot_path.clone(), log.clone()).map_err(
+                |error| {
+                    ConsensusError::storage(format!("reading {}", snapshot_path.display()), error)
+                },
+            )?;
         let transport = match &self.transport {
             Some(transport) => Arc::clone(transport),
             None if settings.members.len() == 1 => Transport::detached(),
@@ -151,7 +153,7 @@ impl ConsensusNode {
             group,
         };
         let config = Arc::new(settings.openraft_config()?);
-        let raft = Raft::new(local_id, config, network, log, state_machine)
+        let raft = Raft::new(local_id, config, network, log.clone(), state_machine)
             .await
             .map_err(|error| fatal(error.to_string()))?;
         let propose_timeout = settings.election_timeout.1 * 4;
@@ -208,6 +210,7 @@ impl ConsensusNode {
             group,
             local_id,
             raft,
+            log,
             members,
             transport,
             applied,
@@ -220,6 +223,7 @@ pub struct RaftGroup {
     group: u64,
     local_id: u64,
     raft: Raft,
+    log: LogStore,
     members: BTreeMap<u64, NodeName>,
     transport: Arc<Transport>,
     applied: watch::Receiver<u64>,
@@ -246,6 +250,17 @@ impl RaftGroup {
 
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow_watched().current_leader == Some(self.local_id)
+    }
+
+    /// The command of the entry at `index` in this member's log, read
+    /// back (from disk, unless it is about to be applied): None once the
+    /// log was purged past it. The state machine keeps what it reads this
+    /// way ([`StateMachine::first_needed`]).
+    ///
+    /// # Errors
+    /// The entry cannot be read or decoded.
+    pub fn read_command(&self, index: u64) -> std::io::Result<Option<Bytes>> {
+        self.log.read_command(index)
     }
 
     /// The index of the last entry applied on this node.

@@ -6,8 +6,11 @@
 //! synced it. The vote lives in a file of its own, replaced atomically and
 //! durable before `save_vote` returns.
 //!
-//! Entries are also kept in memory, by index: a group's log is bounded by
-//! its snapshots (openraft purges what a snapshot covers).
+//! Memory holds where each entry is, not the entry: a quorum queue's log
+//! carries its message bodies, and a deep queue's log is as large as the
+//! queue. Entries not yet applied here stay cached too (within a bound),
+//! because replication and apply read them next; the rest are read back
+//! from their segment when asked for.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
@@ -16,12 +19,15 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sluice_store::group_commit::{GroupCommit, LogBuffer, Sequence};
+use sluice_store::group_commit::{GroupCommit, Location, LogBuffer, Sequence};
 use sluice_store::log::SegmentLog;
+use sluice_store::record::RECORD_HEADER_SIZE;
 
 use super::types::{Entry, LogId, TypeConfig, Vote};
 
@@ -35,6 +41,10 @@ const KIND_COMMITTED: u8 = 4;
 
 /// Segments of a group's log: small, so that purged ones are deleted soon.
 const SEGMENT_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
+/// Bytes of entries a group keeps cached beyond those it applied: more
+/// than a burst of proposals in flight, far less than a deep queue.
+const CACHE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 const VOTE_FILE: &str = "vote";
 
@@ -57,28 +67,75 @@ fn store_error(error: sluice_store::StoreError) -> io::Error {
     io::Error::other(error.to_string())
 }
 
+/// An entry as memory knows it: its id, and where its record is.
+#[derive(Clone, Copy)]
+struct Stored {
+    log_id: LogId,
+    location: Location,
+}
+
 /// What the log holds, as recovery and appends leave it.
 #[derive(Default)]
 struct LogContents {
-    entries: BTreeMap<u64, Entry>,
-    /// For each entry, the segment it was written to: segments wholly
-    /// before the first kept entry can go.
-    segments: BTreeMap<u64, u64>,
+    stored: BTreeMap<u64, Stored>,
+    /// Entries not applied here yet, and the last applied while within
+    /// [`CACHE_BYTES_MAX`], with their encoded sizes.
+    cached: BTreeMap<u64, (Entry, usize)>,
+    cached_bytes: usize,
     last_purged: Option<LogId>,
     committed: Option<LogId>,
 }
 
 impl LogContents {
+    fn insert(&mut self, entry: Entry, location: Location, cache: bool) {
+        let index = entry.index();
+        self.truncate_after(index.checked_sub(1));
+        self.stored.insert(
+            index,
+            Stored {
+                log_id: entry.log_id(),
+                location,
+            },
+        );
+        if cache {
+            let size = location.length as usize;
+            self.cached.insert(index, (entry, size));
+            self.cached_bytes += size;
+            while self.cached_bytes > CACHE_BYTES_MAX && self.cached.len() > 1 {
+                self.uncache_first();
+            }
+        }
+    }
+
+    fn uncache_first(&mut self) {
+        if let Some((_, (_, size))) = self.cached.pop_first() {
+            self.cached_bytes -= size;
+        }
+    }
+
+    /// Entries through `index` were applied: nothing reads them soon.
+    fn uncache_through(&mut self, index: u64) {
+        while self
+            .cached
+            .first_key_value()
+            .is_some_and(|(first, _)| *first <= index)
+        {
+            self.uncache_first();
+        }
+    }
+
     fn truncate_after(&mut self, keep_through: Option<u64>) {
         let first_dropped = keep_through.map_or(0, |index| index + 1);
-        self.entries.split_off(&first_dropped);
-        self.segments.split_off(&first_dropped);
+        self.stored.split_off(&first_dropped);
+        for (_, size) in self.cached.split_off(&first_dropped).into_values() {
+            self.cached_bytes -= size;
+        }
     }
 
     fn purge(&mut self, through: LogId) {
         let first_kept = through.index + 1;
-        self.entries = self.entries.split_off(&first_kept);
-        self.segments = self.segments.split_off(&first_kept);
+        self.stored = self.stored.split_off(&first_kept);
+        self.uncache_through(through.index);
         if self
             .last_purged
             .as_ref()
@@ -88,16 +145,18 @@ impl LogContents {
         }
     }
 
+    fn last_log_id(&self) -> Option<LogId> {
+        self.stored
+            .values()
+            .next_back()
+            .map(|stored| stored.log_id)
+            .or(self.last_purged)
+    }
+
     /// Replays one record found at recovery.
-    fn replay(&mut self, kind: u8, segment: u64, payload: &[u8]) -> io::Result<()> {
+    fn replay(&mut self, kind: u8, location: Location, payload: &[u8]) -> io::Result<()> {
         match kind {
-            KIND_ENTRY => {
-                let entry: Entry = decode(payload)?;
-                let index = entry.index();
-                self.truncate_after(index.checked_sub(1));
-                self.entries.insert(index, entry);
-                self.segments.insert(index, segment);
-            }
+            KIND_ENTRY => self.insert(decode(payload)?, location, false),
             KIND_TRUNCATE => self.truncate_after(decode(payload)?),
             KIND_PURGE => self.purge(decode(payload)?),
             KIND_COMMITTED => self.committed = decode(payload)?,
@@ -153,12 +212,16 @@ impl Shared {
     }
 
     /// Appends a record, durable with the next round.
-    fn append(&self, kind: u8, payload: &[u8]) -> io::Result<(u64, Sequence)> {
-        let (location, sequence) = self
-            .buffer
+    fn append(&self, kind: u8, payload: &[u8]) -> io::Result<(Location, Sequence)> {
+        self.buffer
             .append(&self.wal, kind, &[payload])
-            .ok_or_else(failed_log)?;
-        Ok((location.segment, sequence))
+            .ok_or_else(failed_log)
+    }
+
+    /// Reads an entry back from its record.
+    fn read(&self, location: Location) -> io::Result<Entry> {
+        let record = self.buffer.read(location).map_err(store_error)?;
+        decode(&record.payload)
     }
 
     /// Appends a record that needs no fsync of its own: written with the
@@ -185,7 +248,12 @@ impl LogStore {
         let mut replay_error = None;
         let log = SegmentLog::recover(&dir.join("log"), |record| {
             if replay_error.is_none() {
-                if let Err(error) = contents.replay(record.kind, record.segment, record.payload) {
+                let location = Location {
+                    segment: record.segment,
+                    position: record.position,
+                    length: (RECORD_HEADER_SIZE + 1 + record.payload.len()) as u32,
+                };
+                if let Err(error) = contents.replay(record.kind, location, record.payload) {
                     replay_error = Some(error);
                 }
             }
@@ -218,11 +286,44 @@ impl LogStore {
         Ok(LogStore { shared })
     }
 
+    /// Entries through `index` were applied here: they leave the cache.
+    pub fn applied_through(&self, index: u64) {
+        lock(&self.shared.contents).uncache_through(index);
+    }
+
+    /// The command of the entry at `index`, read back from the log: None
+    /// when the log no longer holds it, or holds no command there.
+    ///
+    /// # Errors
+    /// The entry cannot be read or decoded.
+    pub fn read_command(&self, index: u64) -> io::Result<Option<Bytes>> {
+        let wanted = {
+            let contents = lock(&self.shared.contents);
+            match (contents.cached.get(&index), contents.stored.get(&index)) {
+                (Some((entry, _)), _) => Ok(entry.clone()),
+                (None, Some(stored)) => Err(stored.location),
+                (None, None) => return Ok(None),
+            }
+        };
+        let entry = match wanted {
+            Ok(entry) => entry,
+            Err(location) => self.shared.read(location)?,
+        };
+        Ok(match entry.payload {
+            EntryPayload::Normal(command) => Some(Bytes::from(command.0)),
+            _ => None,
+        })
+    }
+
     /// Deletes segments that hold only purged entries.
     fn drop_purged_segments(&self) -> io::Result<()> {
         let first_needed = {
             let contents = lock(&self.shared.contents);
-            contents.segments.values().next().copied()
+            contents
+                .stored
+                .values()
+                .next()
+                .map(|stored| stored.location.segment)
         };
         let before = first_needed.unwrap_or_else(|| self.shared.buffer.head_segment());
         self.shared
@@ -238,12 +339,26 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let contents = lock(&self.shared.contents);
-        Ok(contents
-            .entries
-            .range(range)
-            .map(|(_, entry)| entry.clone())
-            .collect())
+        // Cached entries are cloned under the lock; the others are read
+        // from disk after it, so that appends do not wait on the reads.
+        let wanted: Vec<Result<Entry, Location>> = {
+            let contents = lock(&self.shared.contents);
+            contents
+                .stored
+                .range(range)
+                .map(|(index, stored)| match contents.cached.get(index) {
+                    Some((entry, _)) => Ok(entry.clone()),
+                    None => Err(stored.location),
+                })
+                .collect()
+        };
+        wanted
+            .into_iter()
+            .map(|wanted| match wanted {
+                Ok(entry) => Ok(entry),
+                Err(location) => self.shared.read(location),
+            })
+            .collect()
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -256,16 +371,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let contents = lock(&self.shared.contents);
-        let last_purged_log_id = contents.last_purged;
-        let last_log_id = contents
-            .entries
-            .values()
-            .next_back()
-            .map(|entry| entry.log_id())
-            .or(last_purged_log_id);
         Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
+            last_purged_log_id: contents.last_purged,
+            last_log_id: contents.last_log_id(),
         })
     }
 
@@ -315,10 +423,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut contents = lock(&self.shared.contents);
             for entry in entries {
-                let (segment, sequence) = self.shared.append(KIND_ENTRY, &encode(&entry))?;
-                let index = entry.index();
-                contents.segments.insert(index, segment);
-                contents.entries.insert(index, entry);
+                let (location, sequence) = self.shared.append(KIND_ENTRY, &encode(&entry))?;
+                contents.insert(entry, location, true);
                 last_sequence = Some(sequence);
             }
         }
@@ -374,39 +480,118 @@ mod tests {
         }
     }
 
+    fn at(segment: u64, index: u64) -> Location {
+        Location {
+            segment,
+            position: index * 100,
+            length: 100,
+        }
+    }
+
+    fn indexes(contents: &LogContents) -> Vec<u64> {
+        contents.stored.keys().copied().collect()
+    }
+
     #[test]
     fn log_contents_replay_truncates_purges_and_overwrites() {
         let mut contents = LogContents::default();
         for index in 1..=5 {
             contents
-                .replay(KIND_ENTRY, 1, &encode(&entry(1, index)))
+                .replay(KIND_ENTRY, at(1, index), &encode(&entry(1, index)))
                 .unwrap();
         }
         // A new leader's entry at 4 replaces 4 and drops 5.
         contents
-            .replay(KIND_ENTRY, 2, &encode(&entry(2, 4)))
+            .replay(KIND_ENTRY, at(2, 4), &encode(&entry(2, 4)))
             .unwrap();
-        assert_eq!(
-            contents.entries.keys().copied().collect::<Vec<_>>(),
-            [1, 2, 3, 4]
-        );
-        assert_eq!(contents.entries[&4].log_id.leader_id.term, 2);
+        assert_eq!(indexes(&contents), [1, 2, 3, 4]);
+        assert_eq!(contents.stored[&4].log_id.leader_id.term, 2);
+        assert_eq!(contents.stored[&4].location.segment, 2);
         contents
-            .replay(KIND_TRUNCATE, 2, &encode(&Some(3u64)))
+            .replay(KIND_TRUNCATE, at(2, 5), &encode(&Some(3u64)))
             .unwrap();
-        assert_eq!(
-            contents.entries.keys().copied().collect::<Vec<_>>(),
-            [1, 2, 3]
-        );
+        assert_eq!(indexes(&contents), [1, 2, 3]);
         contents
-            .replay(KIND_PURGE, 2, &encode(&entry(1, 2).log_id))
+            .replay(KIND_PURGE, at(2, 6), &encode(&entry(1, 2).log_id))
             .unwrap();
-        assert_eq!(contents.entries.keys().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(indexes(&contents), [3]);
         assert_eq!(contents.last_purged.map(|id| id.index), Some(2));
         contents
-            .replay(KIND_COMMITTED, 2, &encode(&Some(entry(1, 3).log_id)))
+            .replay(KIND_COMMITTED, at(2, 7), &encode(&Some(entry(1, 3).log_id)))
             .unwrap();
         assert_eq!(contents.committed.map(|id| id.index), Some(3));
-        assert!(contents.replay(99, 2, &[]).is_err());
+        assert!(contents.replay(99, at(2, 8), &[]).is_err());
+        // Recovery caches nothing: the entries stay on disk.
+        assert!(contents.cached.is_empty());
+    }
+
+    #[test]
+    fn the_cache_holds_unapplied_entries_within_its_bound() {
+        let mut contents = LogContents::default();
+        let big = |index| Location {
+            segment: 1,
+            position: index,
+            length: (CACHE_BYTES_MAX / 4) as u32,
+        };
+        for index in 1..=3 {
+            contents.insert(entry(1, index), big(index), true);
+        }
+        contents.uncache_through(1);
+        assert_eq!(contents.cached.keys().copied().collect::<Vec<_>>(), [2, 3]);
+        for index in 4..=8 {
+            contents.insert(entry(1, index), big(index), true);
+        }
+        // Over the bound, the oldest go first; all stay stored.
+        assert!(contents.cached_bytes <= CACHE_BYTES_MAX);
+        assert_eq!(
+            contents.cached.keys().copied().collect::<Vec<_>>(),
+            [5, 6, 7, 8]
+        );
+        assert_eq!(indexes(&contents), (1..=8).collect::<Vec<_>>());
+        contents.truncate_after(Some(6));
+        assert_eq!(contents.cached.keys().copied().collect::<Vec<_>>(), [5, 6]);
+        assert_eq!(contents.cached_bytes, 2 * (CACHE_BYTES_MAX / 4));
+    }
+
+    #[tokio::test]
+    async fn entries_are_read_back_from_disk_after_apply_and_restart() {
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-log-store-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let wal = GroupCommit::start(std::time::Duration::ZERO, |_, _| {});
+        let mut log = LogStore::open(&dir, Arc::clone(&wal)).unwrap();
+        let (sender, receiver) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
+        let flushed = IOFlushed::signal(sender);
+        log.append((1..=3).map(|index| entry(1, index)), flushed)
+            .await
+            .unwrap();
+        receiver.await.unwrap().unwrap();
+        log.applied_through(3);
+        assert!(lock(&log.shared.contents).cached.is_empty());
+        assert_eq!(
+            log.read_command(2).unwrap().as_deref(),
+            Some(&[2u8, 2, 2][..])
+        );
+        let read = log.try_get_log_entries(1..=3).await.unwrap();
+        assert_eq!(
+            read,
+            (1..=3).map(|index| entry(1, index)).collect::<Vec<_>>()
+        );
+        drop(log);
+        let mut reopened = LogStore::open(&dir, wal).unwrap();
+        assert_eq!(
+            reopened.read_command(3).unwrap().as_deref(),
+            Some(&[3u8; 3][..])
+        );
+        assert_eq!(reopened.read_command(4).unwrap(), None);
+        let state = reopened.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|id| id.index), Some(3));
+        drop(reopened);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

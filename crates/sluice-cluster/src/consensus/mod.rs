@@ -46,6 +46,23 @@ pub trait StateMachine: Send + 'static {
     /// # Errors
     /// The snapshot cannot be decoded.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+
+    /// The first log index whose entry the state still reads back (a
+    /// quorum queue's oldest message, whose body only the log holds); None
+    /// when it reads none. The log is kept from there on: snapshots are
+    /// taken from before it.
+    fn first_needed(&self) -> Option<u64> {
+        None
+    }
+
+    /// Asked after each entry while [`StateMachine::first_needed`] is
+    /// Some: whether to keep the state as it is now for a later snapshot
+    /// (one taken once the first needed entry has moved past it). Each
+    /// costs a [`StateMachine::snapshot`]: a machine asks for one when the
+    /// work since the last one makes that cheap by comparison.
+    fn keep_for_snapshot(&mut self) -> bool {
+        false
+    }
 }
 
 /// Why a group could not start, or stopped.
