@@ -90,6 +90,11 @@ fn create_quorum(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError
             members,
             preferred_leader,
             node_number: groups.node_number(),
+            window_bytes_max: store.storage.settings.resident_bytes_max,
+            node_window: Some((
+                Arc::clone(&store.storage.resident),
+                store.storage.settings.resident_total_max,
+            )),
             options: spec.options,
         },
         groups,

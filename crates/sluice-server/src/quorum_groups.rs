@@ -67,6 +67,14 @@ impl StateMachine for Adapter {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         self.machine.restore(snapshot)
     }
+
+    fn first_needed(&self) -> Option<u64> {
+        self.machine.first_needed()
+    }
+
+    fn keep_for_snapshot(&mut self) -> bool {
+        self.machine.keep_for_snapshot()
+    }
 }
 
 /// Where a member's group stands.
@@ -150,6 +158,13 @@ impl ReplicatedLog for QuorumGroupLog {
 
     fn leader(&self) -> Option<String> {
         self.running()?.leader().map(|leader| leader.to_string())
+    }
+
+    fn read_entry(&self, index: u64) -> Result<Option<Bytes>, String> {
+        let group = self
+            .running()
+            .ok_or_else(|| "the queue's log is not open".to_owned())?;
+        group.read_command(index).map_err(|error| error.to_string())
     }
 
     fn confirms_due(&self) {

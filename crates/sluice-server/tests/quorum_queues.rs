@@ -463,3 +463,101 @@ async fn quorum_queue_unused_for_its_x_expires_is_deleted() {
     assert_eq!(passive_declare_code(&channel, "short-lived").await, 404);
     server.stop().await;
 }
+
+/// A 1 KiB body that names its number and whose every byte depends on it.
+fn numbered_kib(number: u32) -> Vec<u8> {
+    let mut body = number.to_be_bytes().to_vec();
+    body.extend((0..1020u32).map(|offset| (number.wrapping_mul(31).wrapping_add(offset)) as u8));
+    body
+}
+
+/// Consumes the messages `numbers` with acks: each whole, each once, and
+/// those from `fresh_from` on (never handed to a consumer before) in
+/// order. Messages that went back come in the order they went back, which
+/// RabbitMQ does not promise either.
+async fn consume_all(
+    channel: &Channel,
+    queue: &str,
+    numbers: std::ops::Range<u32>,
+    fresh_from: u32,
+) {
+    channel
+        .basic_qos(100, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let mut last_fresh = None;
+    for _ in numbers.clone() {
+        let delivery = next_delivery(&mut consumer).await;
+        let got = number(&delivery.data);
+        assert!(delivery.data == numbered_kib(got), "message {got} is whole");
+        if got >= fresh_from {
+            assert!(last_fresh < Some(got), "{got} after {last_fresh:?}");
+            last_fresh = Some(got);
+        }
+        received.push(got);
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    channel
+        .basic_cancel(consumer.tag().as_str().into(), Default::default())
+        .await
+        .unwrap();
+    received.sort_unstable();
+    assert_eq!(received, numbers.collect::<Vec<_>>(), "each message once");
+}
+
+#[tokio::test]
+async fn quorum_queue_deeper_than_its_window_is_read_back_from_its_log_across_a_restart() {
+    // A window of 64 messages: nearly every body comes back from the log.
+    let server =
+        TestServer::start_with(|config| config.store.settings.resident_bytes_max = 64 * 1024).await;
+    let (connection, channel) = confirming_channel(&server).await;
+    declare_quorum(&channel, "deep", &[]).await;
+    let total = 12_000u32;
+    let mut pending = Vec::new();
+    for number in 0..total {
+        pending.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    "deep".into(),
+                    BasicPublishOptions::default(),
+                    &numbered_kib(number),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    for confirm in pending {
+        assert!(confirm.await.unwrap().is_ack());
+    }
+    let reader = server_channel(&connection).await;
+    consume_all(&reader, "deep", 0..2_000, 0).await;
+    drop(connection);
+
+    // The default window (8 MiB) holds part of the 10,000 left after the
+    // restart; the rest is read from the log as the consumer gets there.
+    let server = server.restart().await;
+    let (_connection, channel) = confirming_channel(&server).await;
+    let declared = declare_quorum(&channel, "deep", &[]).await;
+    assert_eq!(declared.message_count(), total - 2_000);
+    // The first consumer was handed at most its credit (twice its
+    // prefetch) beyond what it acked.
+    consume_all(&channel, "deep", 2_000..total, 2_200).await;
+    eventually("every ack is applied", || {
+        let stats = server.queue("deep").stats();
+        stats.messages_ready == 0 && stats.messages_unacknowledged == 0
+    })
+    .await;
+    server.stop().await;
+}

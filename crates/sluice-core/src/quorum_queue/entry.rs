@@ -13,6 +13,10 @@ use sluice_wire::content::RawProperties;
 use super::command::{Command, Reply};
 use crate::message::Message;
 
+/// Entries hold up to 2^16 items; an item's index in the machine is its
+/// entry's index above these bits and its place in the entry below.
+pub const ITEM_BITS: u32 = 16;
+
 /// One entry of the queue's log.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Batch {

@@ -148,6 +148,16 @@ impl QueueMachine {
         self.live.first().copied().unwrap_or(self.last_index + 1)
     }
 
+    /// The index of the oldest message still in the queue.
+    pub fn oldest_live(&self) -> Option<u64> {
+        self.live.first().copied()
+    }
+
+    /// Messages still in the queue: ready, returned or held.
+    pub fn live_count(&self) -> u64 {
+        self.live.len() as u64
+    }
+
     /// When the message at the head expires (log time), if it does: the
     /// leader proposes a tick then, so that an idle queue's messages
     /// expire (and are dead-lettered) on time.

@@ -1,7 +1,7 @@
 //! What one member holds of its quorum queue: the queue machine as the log
-//! left it, the bodies of the messages in the queue, and the consumers
-//! that read through this node, with the deliveries their channels had no
-//! room for yet.
+//! left it, a window of the bodies of messages not delivered yet (the log
+//! holds them all), and the consumers that read through this node, with
+//! the deliveries their channels had no room for yet.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -10,7 +10,9 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use serde::{Deserialize, Serialize};
 use sluice_wire::content::RawProperties;
 
+use super::body_window::BodyWindow;
 use super::command::{ConsumerId, DeliveryId};
+use super::entry::ITEM_BITS;
 use super::machine::QueueMachine;
 use crate::message::{Message, QueuedMessage};
 use crate::queue::{Consumer, MessageId};
@@ -23,6 +25,12 @@ const DELIVERY_MASK: u64 = (1 << DELIVERY_BITS) - 1;
 pub const GET_SLOT: u32 = 0;
 /// Recent basic.get results kept for their proposer to pick up.
 const RECENT_GETS_MAX: usize = 256;
+
+/// Messages enqueued between two states kept for a snapshot, at least: a
+/// state is kept once as many messages came as it holds, so that keeping
+/// states costs the queue a constant share of its work however deep it is
+/// (RabbitMQ's release cursor interval grows the same way).
+const KEEP_FOR_SNAPSHOT_EVERY_MIN: u64 = 4096;
 
 pub fn message_id(slot: u32, delivery: DeliveryId) -> MessageId {
     (u64::from(slot) << DELIVERY_BITS) | (delivery & DELIVERY_MASK)
@@ -39,7 +47,7 @@ pub struct LocalConsumer {
     /// Deliveries the machine gave it that its channel could not take yet,
     /// bounded by the credit the machine was given (see
     /// [`super::queue::machine_credit`]).
-    pub parked: VecDeque<(DeliveryId, QueuedMessage)>,
+    pub parked: VecDeque<(DeliveryId, Parked)>,
     /// Writes consume-ok: run when its checkout is applied, before any
     /// delivery.
     pub announce: Option<Box<dyn FnOnce() + Send>>,
@@ -47,17 +55,33 @@ pub struct LocalConsumer {
     pub checked_out: bool,
 }
 
+/// A delivery waiting for its channel.
+pub enum Parked {
+    Ready(QueuedMessage),
+    /// Its body is being read back from the log.
+    Unread {
+        index: u64,
+        delivery_count: u32,
+    },
+}
+
+/// The state a snapshot holds: the machine, no bodies (they stay in the
+/// log, from the snapshot's point on).
 #[derive(Serialize, Deserialize)]
 struct MemberSnapshot {
     machine: QueueMachine,
-    bodies: Vec<(u64, serde_bytes::ByteBuf)>,
 }
 
 pub struct Member {
     pub machine: QueueMachine,
-    /// The bodies of the messages in the queue, by the index that names
-    /// them in the machine.
-    pub bodies: HashMap<u64, Arc<Message>>,
+    /// Bodies of messages not delivered yet, by the index that names them
+    /// in the machine, as many as the window holds.
+    pub bodies: BodyWindow,
+    /// Bodies of the entry being applied that the window had no room for:
+    /// a consumer waiting for them gets them without a read.
+    pub fresh: HashMap<u64, Arc<Message>>,
+    /// Messages enqueued since the state was last kept for a snapshot.
+    enqueued_since_kept: u64,
     pub consumers: HashMap<ConsumerId, LocalConsumer>,
     /// Slot → consumer, for settling by [`MessageId`]: kept after a cancel
     /// while the machine still knows the consumer (it holds deliveries).
@@ -69,12 +93,14 @@ pub struct Member {
 }
 
 impl Member {
-    pub fn new(machine: QueueMachine, get_holder: ConsumerId) -> Member {
+    pub fn new(machine: QueueMachine, get_holder: ConsumerId, bodies: BodyWindow) -> Member {
         let mut slots = HashMap::new();
         slots.insert(GET_SLOT, get_holder);
         Member {
             machine,
-            bodies: HashMap::new(),
+            bodies,
+            fresh: HashMap::new(),
+            enqueued_since_kept: 0,
             consumers: HashMap::new(),
             slots,
             retired: HashMap::new(),
@@ -121,35 +147,110 @@ impl Member {
             .map(|(_, message)| message)
     }
 
+    /// The body of the message at `index`, if memory has it.
+    pub fn body(&self, index: u64) -> Option<Arc<Message>> {
+        self.bodies
+            .get(index)
+            .or_else(|| self.fresh.get(&index))
+            .cloned()
+    }
+
+    /// Takes the body of a message that left the queue or was delivered.
+    pub fn take_body(&mut self, index: u64) -> Option<Arc<Message>> {
+        let fresh = self.fresh.remove(&index);
+        self.bodies.take(index).or(fresh)
+    }
+
+    /// Holds the body of a message just enqueued: in the window if it has
+    /// room, else only while its entry is applied.
+    pub fn hold_body(&mut self, index: u64, message: Arc<Message>) {
+        self.enqueued_since_kept += 1;
+        if !self.bodies.keep(index, &message) {
+            self.fresh.insert(index, message);
+        }
+    }
+
+    /// The first log index whose entry holds a message still in the queue.
+    pub fn first_needed(&self) -> Option<u64> {
+        self.machine.oldest_live().map(|oldest| oldest >> ITEM_BITS)
+    }
+
+    /// See [`KEEP_FOR_SNAPSHOT_EVERY_MIN`].
+    pub fn keep_for_snapshot(&mut self) -> bool {
+        let due = self.machine.live_count().max(KEEP_FOR_SNAPSHOT_EVERY_MIN);
+        if self.enqueued_since_kept < due {
+            return false;
+        }
+        self.enqueued_since_kept = 0;
+        true
+    }
+
+    /// Up to `limit` indexes of parked deliveries whose bodies are to be
+    /// read, front first.
+    pub fn unread(&self, limit: usize) -> Vec<u64> {
+        self.consumers
+            .values()
+            .flat_map(|local| local.parked.iter())
+            .filter_map(|(_, parked)| match parked {
+                Parked::Unread { index, .. } => Some(*index),
+                Parked::Ready(_) => None,
+            })
+            .take(limit)
+            .collect()
+    }
+
+    /// Fills parked deliveries with the bodies read back. Deliveries
+    /// whose entry the log no longer holds (`missing`) are taken out and
+    /// returned, for the caller to discard.
+    pub fn fill_parked(
+        &mut self,
+        read: &HashMap<u64, Arc<Message>>,
+        missing: &[u64],
+    ) -> Vec<(ConsumerId, DeliveryId)> {
+        let mut lost = Vec::new();
+        for (id, local) in &mut self.consumers {
+            let slot = local.slot;
+            local.parked.retain_mut(|(delivery, parked)| {
+                let Parked::Unread {
+                    index,
+                    delivery_count,
+                } = *parked
+                else {
+                    return true;
+                };
+                if let Some(body) = read.get(&index) {
+                    *parked = Parked::Ready(QueuedMessage {
+                        offset: message_id(slot, *delivery),
+                        message: with_delivery_count(body, delivery_count),
+                        redelivered: delivery_count > 0,
+                        segment: None,
+                        expires_at_us: crate::expiry::NEVER,
+                    });
+                    true
+                } else if missing.contains(&index) {
+                    lost.push((id.clone(), *delivery));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        lost
+    }
+
     pub fn snapshot(&self) -> bytes::Bytes {
-        let snapshot = MemberSnapshot {
+        super::entry::encode(&MemberSnapshot {
             machine: self.machine.clone(),
-            bodies: self
-                .bodies
-                .iter()
-                .map(|(index, message)| {
-                    (
-                        *index,
-                        serde_bytes::ByteBuf::from(super::entry::encode_message(message)),
-                    )
-                })
-                .collect(),
-        };
-        super::entry::encode(&snapshot)
+        })
     }
 
     /// # Errors
     /// The snapshot cannot be decoded.
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
         let snapshot: MemberSnapshot = super::entry::decode(bytes)?;
-        let mut bodies = HashMap::with_capacity(snapshot.bodies.len());
-        for (index, bytes) in snapshot.bodies {
-            let message = super::entry::decode_message(bytes.into_vec())
-                .ok_or_else(|| format!("message {index} of the snapshot is malformed"))?;
-            bodies.insert(index, message);
-        }
         self.machine = snapshot.machine;
-        self.bodies = bodies;
+        self.bodies.clear();
+        self.fresh.clear();
         Ok(())
     }
 }

@@ -7,9 +7,11 @@
 //! - [`entry`]: the log's entries: batches of messages and commands.
 //! - `proposer`: one member's proposals, in order, batched per round trip.
 //! - `member`: what one member holds: machine, bodies, local consumers.
+//! - `body_window`: the bodies a member keeps in memory, within bounds.
 //! - [`queue`]: the [`crate::queue::Queue`] over all of it.
 //! - [`replication`]: what the queue asks of the node's consensus.
 
+mod body_window;
 pub mod command;
 pub mod entry;
 pub mod machine;

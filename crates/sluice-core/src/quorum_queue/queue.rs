@@ -10,7 +10,7 @@
 //! [`Queue::forwarded`], the channel's asynchronous path, as operations on
 //! a queue of another node do.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -20,11 +20,14 @@ use amq_protocol::types::FieldTable;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::command::{Command, ConsumerId, ConsumerSpec, Effect, Overflow, QueueConfig, Reply};
-use super::entry::{decode, encode, encode_message, Batch, BatchReply, Item};
+use super::body_window::BodyWindow;
+use super::command::{
+    Command, ConsumerId, ConsumerSpec, DeliveryId, Effect, Overflow, QueueConfig, Reply,
+};
+use super::entry::{decode, encode, encode_message, Batch, BatchReply, Item, ITEM_BITS};
 use super::machine::{QueueMachine, NODE_SHIFT};
 use super::member::{
-    message_id, split_message_id, with_delivery_count, LocalConsumer, Member, GET_SLOT,
+    message_id, split_message_id, with_delivery_count, LocalConsumer, Member, Parked, GET_SLOT,
 };
 use super::proposer::{wall_ms, Proposer, Waiter};
 use super::replication::{GroupSpec, QuorumGroups, ReplicatedLog, ReplicatedMachine};
@@ -35,6 +38,7 @@ use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
 use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::NEVER;
 use crate::message::{Message, QueuedMessage};
+use crate::paging::NodeResident;
 use crate::queue::forwarding::{ForwardHome, QueueKey, RemoteReply, Settlement};
 use crate::queue::{
     ConnectionId, Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueHost,
@@ -43,9 +47,13 @@ use crate::queue::{
 use crate::queue_type::QueueType;
 use sluice_wire::reply_code::ReplyCode;
 
-/// Entries hold up to 2^16 items; an item's index in the machine is its
-/// entry's index above these bits and its place in the entry below.
-const ITEM_BITS: u32 = 16;
+/// Bodies read back from the log per pass: enough that a consumer
+/// catching up reads whole entries at a time, few enough that it gets the
+/// first ones soon.
+const READ_BATCH_MESSAGES: usize = 512;
+
+/// The wait before reading again after the log could not be read.
+const READ_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// Deliveries the machine may hand a consumer with no prefetch limit, or
 /// one that needs no acks (its deliveries are settled as its channel takes
@@ -75,6 +83,8 @@ pub fn machine_credit(consumer: &Consumer) -> u32 {
 struct Undelivered {
     settled: Vec<(ConsumerId, u64)>,
     returned: Vec<(ConsumerId, u64)>,
+    /// Some delivery waits for its body to be read back.
+    unread: bool,
 }
 
 /// What a quorum queue is made from.
@@ -91,6 +101,10 @@ pub struct QuorumQueueSpec {
     pub preferred_leader: String,
     /// This node's number (the top bits of its connection ids).
     pub node_number: u16,
+    /// Body bytes of undelivered messages this member keeps in memory.
+    pub window_bytes_max: u64,
+    /// What the windows of all queues of the node hold, and its bound.
+    pub node_window: Option<(Arc<NodeResident>, u64)>,
 }
 
 pub struct QuorumQueue {
@@ -111,6 +125,8 @@ pub struct QuorumQueue {
     node_number: u16,
     /// The log time a tick is due at, when one is scheduled.
     tick_at: Mutex<Option<u64>>,
+    /// Bodies of parked deliveries are being read back from the log.
+    reading: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,6 +193,63 @@ impl ReplicatedMachine for Applier {
             None => Ok(()),
         }
     }
+
+    fn first_needed(&self) -> Option<u64> {
+        self.queue
+            .upgrade()
+            .and_then(|queue| lock(&queue.member).first_needed())
+    }
+
+    fn keep_for_snapshot(&mut self) -> bool {
+        self.queue
+            .upgrade()
+            .is_some_and(|queue| lock(&queue.member).keep_for_snapshot())
+    }
+}
+
+/// Bodies read back from the log, and the indexes of messages whose entry
+/// the log no longer holds.
+type ReadBack = (HashMap<u64, Arc<Message>>, Vec<u64>);
+
+/// Reads the bodies of the messages at `indexes` back from `log`, one read
+/// per entry.
+///
+/// # Errors
+/// The log could not be read.
+fn read_bodies(
+    log: &dyn ReplicatedLog,
+    indexes: &[u64],
+) -> Result<ReadBack, String> {
+    let mut by_entry: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for index in indexes {
+        by_entry.entry(index >> ITEM_BITS).or_default().push(*index);
+    }
+    let mut read = HashMap::with_capacity(indexes.len());
+    let mut missing = Vec::new();
+    for (entry_index, wanted) in by_entry {
+        let batch = match log.read_entry(entry_index)? {
+            Some(bytes) => Some(decode::<Batch>(&bytes)?),
+            None => None,
+        };
+        for index in wanted {
+            let position = (index & ((1 << ITEM_BITS) - 1)) as usize;
+            let body = batch
+                .as_ref()
+                .and_then(|batch| match batch.items.get(position) {
+                    Some(Item::Publish { message, .. }) => {
+                        super::entry::decode_message(message.clone())
+                    }
+                    _ => None,
+                });
+            match body {
+                Some(body) => {
+                    read.insert(index, body);
+                }
+                None => missing.push(index),
+            }
+        }
+    }
+    Ok((read, missing))
 }
 
 impl QuorumQueue {
@@ -205,13 +278,18 @@ impl QuorumQueue {
             members: spec.members.clone(),
             host: spec.host,
             this: this.clone(),
-            member: Mutex::new(Member::new(QueueMachine::new(config), get_holder)),
+            member: Mutex::new(Member::new(
+                QueueMachine::new(config),
+                get_holder,
+                BodyWindow::new(spec.window_bytes_max, spec.node_window),
+            )),
             log: OnceLock::new(),
             proposer: Proposer::new(),
             deleted: AtomicBool::new(false),
             counters: MessageCounters::default(),
             node_number: spec.node_number,
             tick_at: Mutex::new(None),
+            reading: AtomicBool::new(false),
         });
         let log = groups.open(
             GroupSpec {
@@ -284,7 +362,7 @@ impl QuorumQueue {
                     None => Reply::Rejected,
                     Some(message) => {
                         let size = message.body.len() as u32;
-                        member.bodies.insert(at, message);
+                        member.hold_body(at, message);
                         let command = Command::Enqueue {
                             publisher: Some(publisher),
                             size,
@@ -299,7 +377,7 @@ impl QuorumQueue {
                             &mut undelivered,
                         );
                         if !member.machine.is_live(at) {
-                            member.bodies.remove(&at);
+                            member.take_body(at);
                         }
                         reply
                     }
@@ -342,8 +420,11 @@ impl QuorumQueue {
                     };
                     let (reply, effects) = member.machine.apply(at, batch.time_ms, command);
                     if let Reply::Dequeued(Some((delivery, message, _))) = &reply {
-                        if let Some(body) = member.bodies.get(&message.index) {
-                            let body = with_delivery_count(body, message.delivery_count);
+                        let body = member
+                            .take_body(message.index)
+                            .or_else(|| self.read_body(message.index));
+                        if let Some(body) = body {
+                            let body = with_delivery_count(&body, message.delivery_count);
                             member.remember_get(*delivery, body);
                         }
                     }
@@ -361,10 +442,11 @@ impl QuorumQueue {
                 }
             };
             for released in member.machine.take_released() {
-                member.bodies.remove(&released);
+                member.take_body(released);
             }
             replies.push(reply);
         }
+        member.fresh.clear();
         let next_expiry = member.machine.next_expiry_ms();
         let expires_at = member.machine.expires_at_ms();
         let expired = member.machine.is_expired(batch.time_ms);
@@ -381,7 +463,11 @@ impl QuorumQueue {
                 }
             }
         }
+        let unread = std::mem::take(&mut undelivered.unread);
         self.settle_undelivered(undelivered);
+        if unread {
+            self.read_parked();
+        }
         if !dead_letters.is_empty() {
             if let (Some(host), Some(target)) = (self.host.upgrade(), &self.dead_letter) {
                 host.dead_letter(&self.name, target, dead_letters);
@@ -439,10 +525,10 @@ impl QuorumQueue {
                     delivery,
                     message,
                 } => {
-                    let Some(body) = member.bodies.get(&message.index) else {
-                        continue;
-                    };
-                    let body = with_delivery_count(body, message.delivery_count);
+                    // Delivered, on this member or another: the window
+                    // keeps room for what is not. Should it come back,
+                    // its body is read from the log.
+                    let body = member.take_body(message.index);
                     let Some(local) = member.consumers.get_mut(&consumer) else {
                         // Cancelled here while the entry was on its way:
                         // what it was given goes back.
@@ -451,9 +537,20 @@ impl QuorumQueue {
                         }
                         continue;
                     };
+                    let Some(body) = body else {
+                        local.parked.push_back((
+                            delivery,
+                            Parked::Unread {
+                                index: message.index,
+                                delivery_count: message.delivery_count,
+                            },
+                        ));
+                        undelivered.unread = true;
+                        continue;
+                    };
                     let entry = QueuedMessage {
                         offset: message_id(local.slot, delivery),
-                        message: body,
+                        message: with_delivery_count(&body, message.delivery_count),
                         redelivered: message.delivery_count > 0,
                         segment: None,
                         expires_at_us: NEVER,
@@ -463,7 +560,7 @@ impl QuorumQueue {
                             undelivered.settled.push((consumer, delivery));
                         }
                     } else {
-                        local.parked.push_back((delivery, entry));
+                        local.parked.push_back((delivery, Parked::Ready(entry)));
                     }
                 }
                 Effect::DeadLetter { reason, message } => {
@@ -471,9 +568,12 @@ impl QuorumQueue {
                     if !leader || self.dead_letter.is_none() {
                         continue;
                     }
-                    if let Some(body) = member.bodies.get(&message.index) {
+                    let body = member
+                        .body(message.index)
+                        .or_else(|| self.read_body(message.index));
+                    if let Some(body) = body {
                         dead_letters.push(DeadLetter {
-                            message: Arc::clone(body),
+                            message: body,
                             reason: match reason {
                                 super::command::DeadLetterReason::Expired => DeathReason::Expired,
                                 super::command::DeadLetterReason::Rejected => DeathReason::Rejected,
@@ -513,7 +613,11 @@ impl QuorumQueue {
                 if only.is_some_and(|only| !only.contains(id)) {
                     continue;
                 }
-                while let Some((delivery, entry)) = local.parked.front() {
+                while let Some((delivery, parked)) = local.parked.front() {
+                    let Parked::Ready(entry) = parked else {
+                        // Its body is on its way: the ones after it wait.
+                        break;
+                    };
                     if !self.hand_over(&local.consumer, entry) {
                         break;
                     }
@@ -525,6 +629,87 @@ impl QuorumQueue {
             }
         }
         self.settle_undelivered(undelivered);
+    }
+
+    /// The body of the message at `index`, read back from the log now: for
+    /// the rare paths (basic.get, dead-lettering) that cannot wait.
+    fn read_body(&self, index: u64) -> Option<Arc<Message>> {
+        let log = self.log.get()?;
+        match read_bodies(log.as_ref(), &[index]) {
+            Ok((mut read, _)) => read.remove(&index),
+            Err(error) => {
+                tracing::error!(queue = %self.name, vhost = %self.vhost, index, %error, "could not read a message back from the quorum queue's log");
+                None
+            }
+        }
+    }
+
+    /// Reads the bodies of parked deliveries back from the log, off the
+    /// apply path and without the queue's lock, and hands them over: a
+    /// consumer catching up on a deep queue does not hold up what is
+    /// applied meanwhile (publishers' confirms). One reader at a time.
+    fn read_parked(&self) {
+        if self.reading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let queue = self.arc();
+        tokio::spawn(async move {
+            loop {
+                let wanted = lock(&queue.member).unread(READ_BATCH_MESSAGES);
+                if wanted.is_empty() {
+                    queue.reading.store(false, Ordering::Release);
+                    // Parked after the look and before the flag went down:
+                    // nobody else started for them.
+                    if lock(&queue.member).unread(1).is_empty()
+                        || queue.reading.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                let Some(log) = queue.log.get().cloned() else {
+                    queue.reading.store(false, Ordering::Release);
+                    return;
+                };
+                let result =
+                    tokio::task::spawn_blocking(move || read_bodies(log.as_ref(), &wanted)).await;
+                match result {
+                    Ok(Ok((read, missing))) => {
+                        let lost = lock(&queue.member).fill_parked(&read, &missing);
+                        if !lost.is_empty() {
+                            tracing::error!(queue = %queue.name, vhost = %queue.vhost, messages = lost.len(), "messages whose entries the quorum queue's log no longer holds are dropped");
+                            let mut by_consumer: HashMap<ConsumerId, Vec<DeliveryId>> =
+                                HashMap::new();
+                            for (consumer, delivery) in lost {
+                                by_consumer.entry(consumer).or_default().push(delivery);
+                            }
+                            for (consumer, deliveries) in by_consumer {
+                                let command = Command::Discard {
+                                    consumer,
+                                    deliveries,
+                                };
+                                queue
+                                    .proposer
+                                    .submit(Item::Machine(command), Waiter::Nobody);
+                            }
+                        }
+                        queue.hand_parked(None);
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(queue = %queue.name, vhost = %queue.vhost, %error, "could not read messages back from the quorum queue's log; retrying");
+                        tokio::time::sleep(READ_RETRY_DELAY).await;
+                    }
+                    Err(_) => {
+                        queue.reading.store(false, Ordering::Release);
+                        return;
+                    }
+                }
+                if queue.is_deleted() {
+                    queue.reading.store(false, Ordering::Release);
+                    return;
+                }
+            }
+        });
     }
 
     /// Proposes what becomes of deliveries no channel will settle:
@@ -874,7 +1059,7 @@ impl Queue for QuorumQueue {
             local
         };
         // What its channel never got goes back first, then it stops.
-        let parked: Vec<u64> = local.parked.iter().map(|(delivery, _)| *delivery).collect();
+        let parked: Vec<DeliveryId> = local.parked.iter().map(|(delivery, _)| *delivery).collect();
         if !parked.is_empty() {
             self.proposer.submit(
                 Item::Machine(Command::Release {

@@ -24,6 +24,17 @@ pub trait ReplicatedMachine: Send + 'static {
     /// # Errors
     /// The snapshot cannot be decoded.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+
+    /// The first log index whose entry the state still reads back (the
+    /// oldest message's); the log is kept from there on.
+    fn first_needed(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether to keep the state as it is now for a later snapshot.
+    fn keep_for_snapshot(&mut self) -> bool {
+        false
+    }
 }
 
 /// The group a queue runs on, as it is started on one member.
@@ -61,6 +72,13 @@ pub trait ReplicatedLog: Send + Sync {
 
     /// The leader this member knows of.
     fn leader(&self) -> Option<String>;
+
+    /// The entry at `index` in this member's log, read back: None once the
+    /// log no longer holds it.
+    ///
+    /// # Errors
+    /// It cannot be read (an I/O error, or the log is not open).
+    fn read_entry(&self, index: u64) -> Result<Option<Bytes>, String>;
 
     /// Confirms may have come due: wakes whoever sends them.
     fn confirms_due(&self);
