@@ -543,7 +543,13 @@ async fn quorum_queue_deeper_than_its_window_is_read_back_from_its_log_across_a_
     }
     let reader = server_channel(&connection).await;
     consume_all(&reader, "deep", 0..2_000, 0).await;
-    drop(connection);
+    connection.close(200, "done".into()).await.unwrap();
+    // Acks are settled once committed: a stop before then would redeliver.
+    eventually("the acks are applied and the rest is back", || {
+        let stats = server.queue("deep").stats();
+        stats.messages_ready == total - 2_000 && stats.messages_unacknowledged == 0
+    })
+    .await;
 
     // The default window (8 MiB) holds part of the 10,000 left after the
     // restart; the rest is read from the log as the consumer gets there.
