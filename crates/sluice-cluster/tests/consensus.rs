@@ -155,6 +155,7 @@ impl Member {
         let consensus = ConsensusNode::new(links.clone(), Arc::clone(&wal));
         let mut settings = GroupSettings::new(7, dir.to_path_buf(), name.clone(), members.to_vec());
         settings.snapshot_every = snapshot_every;
+        settings.kept_behind_snapshot = snapshot_every;
         let group = consensus
             .start_group(settings, machine)
             .await

@@ -541,6 +541,11 @@ async fn quorum_queue_deeper_than_its_window_is_read_back_from_its_log_across_a_
     for confirm in pending {
         assert!(confirm.await.unwrap().is_ack());
     }
+    let logged = dir_bytes(&server.data_dir().join("queues"));
+    assert!(
+        logged > u64::from(total) * 1024,
+        "the log holds every body: {logged} bytes"
+    );
     let reader = server_channel(&connection).await;
     consume_all(&reader, "deep", 0..2_000, 0).await;
     connection.close(200, "done".into()).await.unwrap();
@@ -565,5 +570,50 @@ async fn quorum_queue_deeper_than_its_window_is_read_back_from_its_log_across_a_
         stats.messages_ready == 0 && stats.messages_unacknowledged == 0
     })
     .await;
+    // Drained and left alone (it hibernates after ten seconds), the queue
+    // compacts its log: the bodies' disk is given back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    loop {
+        let left = dir_bytes(&server.data_dir().join("queues"));
+        if left < 256 * 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drained queue still holds {left} bytes: {}",
+            listing(&server.data_dir().join("queues"))
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
     server.stop().await;
+}
+
+/// The files under `dir` with their sizes, for a failure's message.
+fn listing(dir: &std::path::Path) -> String {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return String::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(metadata) if metadata.is_dir() => listing(&entry.path()),
+            Ok(metadata) => format!("{} {}; ", entry.path().display(), metadata.len()),
+            Err(_) => String::new(),
+        })
+        .collect()
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(metadata) if metadata.is_dir() => dir_bytes(&entry.path()),
+            Ok(metadata) => metadata.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }

@@ -37,9 +37,11 @@ pub struct GroupSettings {
     pub members: Vec<NodeName>,
     pub heartbeat_interval: Duration,
     pub election_timeout: (Duration, Duration),
-    /// Entries between snapshots; the log keeps as many behind the last
-    /// snapshot for members that lag a little.
+    /// Entries between snapshots.
     pub snapshot_every: u64,
+    /// Entries the log keeps behind its last snapshot, for members that
+    /// lag a little: they catch up from the log instead of a snapshot.
+    pub kept_behind_snapshot: u64,
     /// This member is a new group's first leader: it initializes the group
     /// and stands for election at once; the other members wait for it.
     /// When no member is (the metadata group), all initialize alike.
@@ -61,6 +63,7 @@ impl GroupSettings {
             heartbeat_interval: Duration::from_millis(500),
             election_timeout: (Duration::from_millis(1500), Duration::from_millis(3000)),
             snapshot_every: 1000,
+            kept_behind_snapshot: 1000,
             stands_first: false,
             another_stands_first: false,
         }
@@ -85,7 +88,7 @@ impl GroupSettings {
             election_timeout_min: millis(self.election_timeout.0),
             election_timeout_max: millis(self.election_timeout.1),
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every),
-            max_in_snapshot_log_to_keep: self.snapshot_every,
+            max_in_snapshot_log_to_keep: self.kept_behind_snapshot,
             // Followers get entries while the leader's own fsync runs.
             broadcast_submitted_on_append: Some(true),
             ..Config::default()
@@ -463,10 +466,14 @@ impl RaftGroup {
     /// Stops this member's timers: no heartbeats, no election timeouts, no
     /// wake-ups at all while its group is idle. It still answers its
     /// peers and replicates what is proposed.
+    ///
+    /// An idle group also compacts its log first: a queue that was drained
+    /// and left alone keeps no entries beyond the last few.
     pub fn hibernate(&self) {
         let runtime = self.raft.runtime_config();
         runtime.heartbeat(false);
         runtime.tick(false);
+        tokio::spawn(compact(self.raft.clone(), self.group));
     }
 
     /// Starts this member's timers again.
@@ -482,6 +489,41 @@ impl RaftGroup {
         if let Err(error) = self.raft.shutdown().await {
             tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
         }
+    }
+}
+
+/// How long compaction waits for the snapshot it asked for.
+const COMPACTION_SNAPSHOT_WAIT: Duration = Duration::from_secs(5);
+
+/// Takes a snapshot of what is applied (if the state can be snapshotted
+/// there: see [`StateMachine::first_needed`]) and purges the log up to the
+/// snapshot, all of it: an idle group's log holds only what its state
+/// still reads.
+async fn compact(raft: Raft, group: u64) {
+    let applied = raft
+        .metrics()
+        .borrow_watched()
+        .last_applied
+        .map(|id| id.index);
+    if raft.trigger().snapshot().await.is_err() {
+        return;
+    }
+    let mut metrics = raft.metrics();
+    let caught_up = tokio::time::timeout(COMPACTION_SNAPSHOT_WAIT, async {
+        loop {
+            let snapshot = metrics.borrow_watched().snapshot.map(|id| id.index);
+            if snapshot >= applied || metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    if caught_up.is_err() {
+        tracing::debug!(group, "the log is compacted up to an older snapshot");
+    }
+    let snapshot = raft.metrics().borrow_watched().snapshot;
+    if let Some(snapshot) = snapshot {
+        let _ = raft.trigger().purge_log(snapshot.index).await;
     }
 }
 

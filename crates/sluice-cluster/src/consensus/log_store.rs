@@ -449,6 +449,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let purges_all = {
+            let contents = lock(&self.shared.contents);
+            contents
+                .stored
+                .keys()
+                .next_back()
+                .is_none_or(|last| *last <= log_id.index)
+        };
+        if purges_all {
+            // Nothing stays: the records from here on go to a segment of
+            // their own, and every earlier one can be deleted.
+            self.shared.buffer.start_new_segment();
+        }
         self.shared.append(KIND_PURGE, &encode(&log_id))?;
         let committed = {
             let mut contents = lock(&self.shared.contents);

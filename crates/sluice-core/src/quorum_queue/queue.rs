@@ -216,10 +216,7 @@ type ReadBack = (HashMap<u64, Arc<Message>>, Vec<u64>);
 ///
 /// # Errors
 /// The log could not be read.
-fn read_bodies(
-    log: &dyn ReplicatedLog,
-    indexes: &[u64],
-) -> Result<ReadBack, String> {
+fn read_bodies(log: &dyn ReplicatedLog, indexes: &[u64]) -> Result<ReadBack, String> {
     let mut by_entry: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for index in indexes {
         by_entry.entry(index >> ITEM_BITS).or_default().push(*index);
