@@ -19,6 +19,7 @@ pub const EXPIRY_MS_MAX: u64 = 4_294_967_295;
 pub const MAX_PRIORITY_MAX: i64 = 255;
 
 const OVERFLOW_MODES: &[&str] = &["drop-head", "reject-publish", "reject-publish-dlx"];
+const DEAD_LETTER_STRATEGIES: &[&str] = &["at-most-once", "at-least-once"];
 const QUEUE_MODES: &[&str] = &["default", "lazy"];
 
 /// Queue arguments RabbitMQ compares on redeclaration; any other argument
@@ -158,6 +159,8 @@ pub enum ArgumentError {
     RoutingKeyButNoDlx,
     /// `invalid_overflow`
     InvalidOverflow,
+    /// `invalid_dlx_strategy`
+    InvalidDeadLetterStrategy,
     /// `"unsupported queue mode 'MODE'"`
     UnsupportedQueueMode(String),
     /// `"unsupported queue type 'TYPE'"`
@@ -187,6 +190,7 @@ impl std::fmt::Display for ArgumentError {
                 write!(formatter, "routing_key_but_no_dlx_defined")
             }
             ArgumentError::InvalidOverflow => write!(formatter, "invalid_overflow"),
+            ArgumentError::InvalidDeadLetterStrategy => write!(formatter, "invalid_dlx_strategy"),
             ArgumentError::UnsupportedQueueMode(mode) => {
                 write!(formatter, "\"unsupported queue mode '{mode}'\"")
             }
@@ -214,6 +218,7 @@ const DECLARE_CHECKS: &[(&str, Check)] = &[
     ("x-message-ttl", check_message_ttl),
     ("x-dead-letter-exchange", check_string),
     ("x-dead-letter-routing-key", check_dead_letter_routing_key),
+    ("x-dead-letter-strategy", check_dead_letter_strategy),
     ("x-max-length", check_non_negative),
     ("x-max-length-bytes", check_non_negative),
     ("x-max-in-memory-length", check_non_negative),
@@ -371,6 +376,15 @@ fn check_overflow(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentError
         Ok(())
     } else {
         Err(ArgumentError::InvalidOverflow)
+    }
+}
+
+fn check_dead_letter_strategy(value: &AMQPValue, _: &FieldTable) -> Result<(), ArgumentError> {
+    let text = as_text(value).ok_or(ArgumentError::UnacceptableType(type_name(value)))?;
+    if DEAD_LETTER_STRATEGIES.contains(&text.as_str()) {
+        Ok(())
+    } else {
+        Err(ArgumentError::InvalidDeadLetterStrategy)
     }
 }
 

@@ -21,7 +21,8 @@ pub enum PendingSafety {
 }
 
 impl PendingSafety {
-    fn status(&self) -> ConfirmStatus {
+    /// Where the message stands now.
+    pub fn status(&self) -> ConfirmStatus {
         match self {
             // The failure is read first: a log does not sync once it failed,
             // and a message synced before the failure is safe on disk.

@@ -46,6 +46,10 @@ pub struct PolicyDefinition {
     pub overflow: Option<String>,
     pub dead_letter_exchange: Option<String>,
     pub dead_letter_routing_key: Option<String>,
+    /// Quorum queues: `at-most-once` or `at-least-once`.
+    pub dead_letter_strategy: Option<String>,
+    /// Quorum queues: returns before a message is dead-lettered.
+    pub delivery_limit: Option<u64>,
     pub queue_mode: Option<String>,
     pub alternate_exchange: Option<String>,
 }
@@ -179,6 +183,13 @@ fn parse_key(
         "dead-letter-routing-key" => {
             definition.dead_letter_routing_key = Some(text("dead letter routing key")?)
         }
+        "dead-letter-strategy" => {
+            definition.dead_letter_strategy = Some(one_of(
+                &["at-most-once", "at-least-once"],
+                "dead-letter-strategy",
+            )?)
+        }
+        "delivery-limit" => definition.delivery_limit = Some(integer(0, "delivery limit")?),
         "queue-mode" => definition.queue_mode = Some(one_of(&["default", "lazy"], "queue-mode")?),
         "alternate-exchange" => {
             definition.alternate_exchange = Some(text("alternate exchange name")?)
@@ -227,6 +238,7 @@ const SMALLER_WINS: &[&str] = &[
     "x-message-ttl",
     "x-max-length",
     "x-max-length-bytes",
+    "x-delivery-limit",
 ];
 
 /// A queue's effective arguments: its declared arguments, completed and
@@ -243,6 +255,7 @@ pub fn effective_queue_arguments(declared: &FieldTable, policy: Option<&Policy>)
         ("x-expires", definition.expires),
         ("x-max-length", definition.max_length),
         ("x-max-length-bytes", definition.max_length_bytes),
+        ("x-delivery-limit", definition.delivery_limit),
     ];
     for (key, value) in numbers {
         let Some(value) = value else { continue };
@@ -261,6 +274,7 @@ pub fn effective_queue_arguments(declared: &FieldTable, policy: Option<&Policy>)
             "x-dead-letter-routing-key",
             &definition.dead_letter_routing_key,
         ),
+        ("x-dead-letter-strategy", &definition.dead_letter_strategy),
         ("x-queue-mode", &definition.queue_mode),
     ];
     for (key, value) in texts {
@@ -353,6 +367,8 @@ mod tests {
         );
         assert!(Policy::from_json(&json(r#"{"expires": 0}"#)).is_err());
         assert!(Policy::from_json(&json(r#"{"overflow": "explode"}"#)).is_err());
+        assert!(Policy::from_json(&json(r#"{"dead-letter-strategy": "twice"}"#)).is_err());
+        assert!(Policy::from_json(&json(r#"{"delivery-limit": -2}"#)).is_err());
         assert!(Policy::from_json(&json(r#"{"ha-mode": "all"}"#)).is_ok());
         let mut bad_pattern = json("{}");
         bad_pattern.pattern = "(".into();
@@ -392,6 +408,35 @@ mod tests {
         assert_eq!(
             effective_queue_arguments(&declared, None).inner(),
             declared.inner()
+        );
+        // The quorum queue keys: the smaller delivery limit, the declared
+        // dead-letter strategy.
+        let quorum = super::tests::policy(
+            "q",
+            ".*",
+            "queues",
+            0,
+            r#"{"delivery-limit": 3, "dead-letter-strategy": "at-least-once"}"#,
+        );
+        let mut declared = FieldTable::default();
+        declared.insert("x-delivery-limit".into(), AMQPValue::LongInt(5));
+        let effective = effective_queue_arguments(&declared, Some(&quorum));
+        assert_eq!(
+            effective.inner().get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(3))
+        );
+        assert_eq!(
+            effective.inner().get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-least-once".into()))
+        );
+        declared.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-most-once".into()),
+        );
+        let effective = effective_queue_arguments(&declared, Some(&quorum));
+        assert_eq!(
+            effective.inner().get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-most-once".into()))
         );
         assert_eq!(
             effective_alternate_exchange(&FieldTable::default(), Some(&policy)).as_deref(),

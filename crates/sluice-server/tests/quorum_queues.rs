@@ -617,3 +617,122 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
         })
         .sum()
 }
+
+#[tokio::test]
+async fn quorum_queue_dead_letters_at_least_once_keeping_what_reaches_no_queue() {
+    let server = TestServer::start().await;
+    let (connection, channel) = confirming_channel(&server).await;
+    let refused = declare_with(
+        &channel,
+        "bad-strategy",
+        durable(),
+        quorum(&[("x-dead-letter-strategy", text("twice"))]),
+    )
+    .await;
+    assert_eq!(
+        amqp_error(refused),
+        (
+            406,
+            "PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue 'bad-strategy' in vhost '/': invalid_dlx_strategy".to_owned()
+        )
+    );
+    let channel = server_channel(&connection).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    declare_quorum(
+        &channel,
+        "source",
+        &[
+            dead_letter_to("later").as_slice(),
+            &[
+                ("x-dead-letter-strategy", text("at-least-once")),
+                ("x-overflow", text("reject-publish")),
+                ("x-max-length", AMQPValue::LongInt(3)),
+            ],
+        ]
+        .concat(),
+    )
+    .await;
+    assert!(publish_confirmed(&channel, "source", 0..3)
+        .await
+        .iter()
+        .all(|ack| *ack));
+    // Two rejected while no queue is bound to take them: at most once,
+    // they would be gone; at least once, they stay, and still count
+    // against x-max-length.
+    for _ in 0..2 {
+        let got = channel
+            .basic_get("source".into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .expect("a message");
+        channel
+            .basic_nack(
+                got.delivery.delivery_tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: false,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    eventually("the rejects are applied", || {
+        server.queue("source").stats().messages_unacknowledged == 0
+    })
+    .await;
+    assert_eq!(
+        publish_confirmed(&channel, "source", 3..4).await,
+        [false],
+        "full: the two waiting to be dead-lettered count"
+    );
+    // The target appears: the waiting messages reach it, with x-death.
+    declare_with(&channel, "later", durable(), FieldTable::default())
+        .await
+        .unwrap();
+    eventually("dead-lettered once the target exists", || {
+        server.queue("later").message_count() == 2
+    })
+    .await;
+    let mut numbers = Vec::new();
+    for _ in 0..2 {
+        let dead = channel
+            .basic_get("later".into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("a dead letter");
+        let death = dead
+            .delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|headers| headers.inner().get("x-death").cloned());
+        let Some(AMQPValue::FieldArray(deaths)) = death else {
+            panic!("x-death is set: {death:?}");
+        };
+        let Some(AMQPValue::FieldTable(first)) = deaths.as_slice().first() else {
+            panic!("one death");
+        };
+        assert_eq!(first.inner().get("reason"), Some(&text("rejected")));
+        assert_eq!(first.inner().get("queue"), Some(&text("source")));
+        numbers.push(number(&dead.delivery.data));
+    }
+    numbers.sort_unstable();
+    assert_eq!(numbers, [0, 1]);
+    // Settled in the source (a moment after the target has them): its
+    // room is back, and only then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !publish_confirmed(&channel, "source", 4..5).await[0] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the room never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(publish_confirmed(&channel, "source", 5..6).await, [true]);
+    assert_eq!(publish_confirmed(&channel, "source", 6..7).await, [false]);
+    assert_eq!(drain(&channel, "source").await, [2, 4, 5]);
+    server.stop().await;
+}

@@ -104,6 +104,17 @@ pub trait QueueHost: Send + Sync {
     /// Routes what `queue` dead-lettered to `target`'s exchange.
     fn dead_letter(&self, queue: &str, target: &DeadLetterTarget, dead_letters: Vec<DeadLetter>);
 
+    /// Routes as [`QueueHost::dead_letter`] does and returns each target
+    /// queue's word on its copy, for at-least-once dead-lettering; None
+    /// when some message reached no queue (the exchange is missing or
+    /// routes it nowhere), to be tried again later.
+    fn dead_letter_tracked(
+        &self,
+        queue: &str,
+        target: &DeadLetterTarget,
+        dead_letters: Vec<DeadLetter>,
+    ) -> Option<Vec<PublishOutcome>>;
+
     /// `queue` went unused for its `x-expires`: delete it, if it still is.
     fn expire(&self, queue: &Arc<dyn Queue>);
 }

@@ -66,6 +66,12 @@ pub struct QueueConfig {
     /// `x-message-ttl`, milliseconds.
     pub message_ttl_ms: Option<u64>,
     pub single_active_consumer: bool,
+    /// `x-dead-letter-strategy: at-least-once` (with a dead-letter exchange
+    /// and `reject-publish`): a dead-lettered message stays in the queue,
+    /// counted against its length limits, until the leader has it safe in
+    /// its dead-letter targets.
+    #[serde(default)]
+    pub dead_letter_at_least_once: bool,
 }
 
 /// One entry of the queue's log.
@@ -127,6 +133,9 @@ pub enum Command {
     /// The queue was used without a consumer: redeclared (its
     /// `x-expires` countdown starts again).
     Touch,
+    /// At-least-once dead-lettering: the messages enqueued at `indexes`
+    /// are safe in their dead-letter targets and leave the queue.
+    DeadLettered { indexes: Vec<u64> },
 }
 
 /// Why a message left the queue other than by an ack.

@@ -10,7 +10,7 @@
 //! round-robin within one priority; with single active consumer, only the
 //! earliest consumer still subscribed is served.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -95,6 +95,12 @@ pub struct QueueMachine {
     /// basic.get, redeclared, or left by its last consumer.
     #[serde(default)]
     used_at_ms: u64,
+    /// At-least-once dead-lettering: messages dead-lettered and not yet
+    /// safe in their targets, oldest first, with why.
+    #[serde(default)]
+    dead_lettered: VecDeque<(DeadLetterReason, MessageRef)>,
+    #[serde(default)]
+    dead_lettered_bytes: u64,
 }
 
 impl QueueMachine {
@@ -113,6 +119,8 @@ impl QueueMachine {
             last_index: 0,
             now_ms: 0,
             used_at_ms: 0,
+            dead_lettered: VecDeque::new(),
+            dead_lettered_bytes: 0,
         }
     }
 
@@ -146,6 +154,16 @@ impl QueueMachine {
     /// dropped from the log (its message is gone).
     pub fn release_cursor(&self) -> u64 {
         self.live.first().copied().unwrap_or(self.last_index + 1)
+    }
+
+    /// Up to `limit` messages waiting for at-least-once dead-lettering,
+    /// oldest first.
+    pub fn dead_lettered(&self, limit: usize) -> Vec<(DeadLetterReason, MessageRef)> {
+        self.dead_lettered.iter().take(limit).copied().collect()
+    }
+
+    pub fn has_dead_lettered(&self) -> bool {
+        !self.dead_lettered.is_empty()
     }
 
     /// The index of the oldest message still in the queue.
@@ -320,6 +338,22 @@ impl QueueMachine {
                 Reply::Purged(purged)
             }
             Command::Tick => Reply::Ok,
+            Command::DeadLettered { indexes } => {
+                let indexes: HashSet<u64> = indexes.into_iter().collect();
+                let mut safe = Vec::new();
+                self.dead_lettered.retain(|(_, message)| {
+                    let done = indexes.contains(&message.index);
+                    if done {
+                        safe.push(*message);
+                    }
+                    !done
+                });
+                for message in safe {
+                    self.dead_lettered_bytes -= u64::from(message.size);
+                    self.release(message.index);
+                }
+                Reply::Ok
+            }
             Command::Touch => {
                 self.used_at_ms = self.now_ms;
                 Reply::Ok
@@ -437,10 +471,12 @@ impl QueueMachine {
     }
 
     /// Whether `extra` more messages of `bytes` would put the ready
-    /// messages past a limit.
+    /// messages (and those waiting to be dead-lettered, as in RabbitMQ)
+    /// past a limit.
     fn over_limit_with(&self, extra: u64, bytes: u32) -> bool {
-        let count = (self.ready.len() + self.returned.len()) as u64 + extra;
-        let size = self.ready_bytes + u64::from(bytes);
+        let count =
+            (self.ready.len() + self.returned.len() + self.dead_lettered.len()) as u64 + extra;
+        let size = self.ready_bytes + self.dead_lettered_bytes + u64::from(bytes);
         self.config.max_length.is_some_and(|max| count > max)
             || self.config.max_length_bytes.is_some_and(|max| size > max)
     }
@@ -500,13 +536,21 @@ impl QueueMachine {
         Fate::Requeued
     }
 
-    /// A message leaves the queue other than by an ack.
+    /// A message leaves the queue other than by an ack: at once (the
+    /// member dead-letters it at most once), or, with at-least-once
+    /// dead-lettering, once its targets have it
+    /// ([`Command::DeadLettered`]).
     fn drop_message(
         &mut self,
         reason: DeadLetterReason,
         message: MessageRef,
         effects: &mut Vec<Effect>,
     ) {
+        if self.config.dead_letter_at_least_once {
+            self.dead_lettered_bytes += u64::from(message.size);
+            self.dead_lettered.push_back((reason, message));
+            return;
+        }
         self.release(message.index);
         effects.push(Effect::DeadLetter { reason, message });
     }

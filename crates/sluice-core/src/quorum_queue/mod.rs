@@ -8,11 +8,13 @@
 //! - `proposer`: one member's proposals, in order, batched per round trip.
 //! - `member`: what one member holds: machine, bodies, local consumers.
 //! - `body_window`: the bodies a member keeps in memory, within bounds.
+//! - `dead_lettering`: at-least-once dead-lettering, on the leader.
 //! - [`queue`]: the [`crate::queue::Queue`] over all of it.
 //! - [`replication`]: what the queue asks of the node's consensus.
 
 mod body_window;
 pub mod command;
+mod dead_lettering;
 pub mod entry;
 pub mod machine;
 mod member;

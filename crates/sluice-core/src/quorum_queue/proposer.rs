@@ -131,6 +131,11 @@ impl Proposer {
         backlog.items.len() >= BACKLOG_MESSAGES_MAX || backlog.message_bytes >= BACKLOG_BYTES_MAX
     }
 
+    /// Whether it stopped (the queue was deleted, or this member stops).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
     /// Stops proposing; what waits is refused.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);

@@ -22,8 +22,10 @@ use tokio::sync::oneshot;
 
 use super::body_window::BodyWindow;
 use super::command::{
-    Command, ConsumerId, ConsumerSpec, DeliveryId, Effect, Overflow, QueueConfig, Reply,
+    Command, ConsumerId, ConsumerSpec, DeadLetterReason, DeliveryId, Effect, Overflow, QueueConfig,
+    Reply,
 };
+use super::dead_lettering::death_reason;
 use super::entry::{decode, encode, encode_message, Batch, BatchReply, Item, ITEM_BITS};
 use super::machine::{QueueMachine, NODE_SHIFT};
 use super::member::{
@@ -34,7 +36,7 @@ use super::replication::{GroupSpec, QuorumGroups, ReplicatedLog, ReplicatedMachi
 use crate::arguments::{as_strict_integer, as_text, parse_expiration};
 use crate::confirm::{ForwardedConfirm, PendingSafety};
 use crate::counters::{MessageCounters, MessageCounts};
-use crate::dead_letter::{DeadLetter, DeadLetterTarget, DeathReason};
+use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::NEVER;
 use crate::message::{Message, QueuedMessage};
@@ -127,6 +129,8 @@ pub struct QuorumQueue {
     tick_at: Mutex<Option<u64>>,
     /// Bodies of parked deliveries are being read back from the log.
     reading: AtomicBool,
+    /// The at-least-once dead-lettering task runs.
+    dead_lettering: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,15 +151,7 @@ pub fn queue_config(arguments: &FieldTable) -> QueueConfig {
     QueueConfig {
         max_length: number("x-max-length"),
         max_length_bytes: number("x-max-length-bytes"),
-        overflow: match arguments
-            .inner()
-            .get("x-overflow")
-            .and_then(as_text)
-            .as_deref()
-        {
-            Some("reject-publish") => Overflow::RejectPublish,
-            _ => Overflow::DropHead,
-        },
+        overflow: overflow_of(arguments),
         delivery_limit: number("x-delivery-limit")
             .map(|limit| limit.min(u64::from(u32::MAX)) as u32),
         message_ttl_ms: number("x-message-ttl"),
@@ -164,7 +160,31 @@ pub fn queue_config(arguments: &FieldTable) -> QueueConfig {
             arguments.inner().get("x-single-active-consumer"),
             Some(amq_protocol::types::AMQPValue::Boolean(true))
         ),
+        dead_letter_at_least_once: wants_at_least_once(arguments)
+            && arguments.inner().contains_key("x-dead-letter-exchange")
+            && overflow_of(arguments) == Overflow::RejectPublish,
     }
+}
+
+fn overflow_of(arguments: &FieldTable) -> Overflow {
+    match arguments
+        .inner()
+        .get("x-overflow")
+        .and_then(as_text)
+        .as_deref()
+    {
+        Some("reject-publish") => Overflow::RejectPublish,
+        _ => Overflow::DropHead,
+    }
+}
+
+fn wants_at_least_once(arguments: &FieldTable) -> bool {
+    arguments
+        .inner()
+        .get("x-dead-letter-strategy")
+        .and_then(as_text)
+        .as_deref()
+        == Some("at-least-once")
 }
 
 /// The machine as the log applies it: through to the queue.
@@ -209,7 +229,7 @@ impl ReplicatedMachine for Applier {
 
 /// Bodies read back from the log, and the indexes of messages whose entry
 /// the log no longer holds.
-type ReadBack = (HashMap<u64, Arc<Message>>, Vec<u64>);
+pub(super) type ReadBack = (HashMap<u64, Arc<Message>>, Vec<u64>);
 
 /// Reads the bodies of the messages at `indexes` back from `log`, one read
 /// per entry.
@@ -254,6 +274,15 @@ impl QuorumQueue {
     /// replaying its log).
     pub fn create(spec: QuorumQueueSpec, groups: &Arc<dyn QuorumGroups>) -> Arc<QuorumQueue> {
         let config = queue_config(&spec.effective_arguments);
+        if wants_at_least_once(&spec.effective_arguments)
+            && !config.dead_letter_at_least_once
+            && spec
+                .effective_arguments
+                .inner()
+                .contains_key("x-dead-letter-exchange")
+        {
+            tracing::warn!(queue = %spec.name, vhost = %spec.vhost, "falling back to dead-letter-strategy at-most-once because the configured dead-letter-strategy at-least-once is incompatible with the effective overflow strategy drop-head; set overflow to reject-publish to enable it");
+        }
         let get_holder = ConsumerId {
             // Never a real connection: the low bits of a node's ids do not
             // reach this.
@@ -287,6 +316,7 @@ impl QuorumQueue {
             node_number: spec.node_number,
             tick_at: Mutex::new(None),
             reading: AtomicBool::new(false),
+            dead_lettering: AtomicBool::new(false),
         });
         let log = groups.open(
             GroupSpec {
@@ -447,7 +477,11 @@ impl QuorumQueue {
         let next_expiry = member.machine.next_expiry_ms();
         let expires_at = member.machine.expires_at_ms();
         let expired = member.machine.is_expired(batch.time_ms);
+        let dead_lettered = member.machine.has_dead_lettered();
         drop(member);
+        if dead_lettered {
+            self.start_dead_lettering();
+        }
         if leader {
             for at in [next_expiry, expires_at].into_iter().flatten() {
                 self.tick_at(at);
@@ -571,14 +605,7 @@ impl QuorumQueue {
                     if let Some(body) = body {
                         dead_letters.push(DeadLetter {
                             message: body,
-                            reason: match reason {
-                                super::command::DeadLetterReason::Expired => DeathReason::Expired,
-                                super::command::DeadLetterReason::Rejected => DeathReason::Rejected,
-                                super::command::DeadLetterReason::MaxLen => DeathReason::Maxlen,
-                                super::command::DeadLetterReason::DeliveryLimit => {
-                                    DeathReason::DeliveryLimit
-                                }
-                            },
+                            reason: death_reason(reason),
                         });
                     }
                 }
@@ -626,6 +653,72 @@ impl QuorumQueue {
             }
         }
         self.settle_undelivered(undelivered);
+    }
+
+    fn start_dead_lettering(&self) {
+        if !self.dead_lettering.swap(true, Ordering::AcqRel) {
+            tokio::spawn(super::dead_lettering::run(self.arc()));
+        }
+    }
+
+    /// The dead-lettering task found nothing to do: whether it stops (it
+    /// goes on when something came meanwhile and no other task started).
+    pub(super) fn stop_dead_lettering(&self) -> bool {
+        self.dead_lettering.store(false, Ordering::Release);
+        let more = lock(&self.member).machine.has_dead_lettered();
+        !more || self.dead_lettering.swap(true, Ordering::AcqRel)
+    }
+
+    pub(super) fn is_stopped(&self) -> bool {
+        self.is_deleted() || self.proposer.is_stopped()
+    }
+
+    pub(super) fn leads(&self) -> bool {
+        self.is_leader()
+    }
+
+    /// Up to `limit` messages waiting for at-least-once dead-lettering:
+    /// why, their index, and their body when memory has it.
+    pub(super) fn pending_dead_letters(
+        &self,
+        limit: usize,
+    ) -> Vec<(DeadLetterReason, u64, Option<Arc<Message>>)> {
+        let member = lock(&self.member);
+        member
+            .machine
+            .dead_lettered(limit)
+            .into_iter()
+            .map(|(reason, message)| (reason, message.index, member.body(message.index)))
+            .collect()
+    }
+
+    /// Reads bodies back from the log (blocking: off the runtime).
+    pub(super) fn read_bodies(&self, indexes: &[u64]) -> Result<ReadBack, String> {
+        let log = self
+            .log
+            .get()
+            .ok_or_else(|| "the queue's log is not open".to_owned())?;
+        read_bodies(log.as_ref(), indexes)
+    }
+
+    /// Routes dead letters to the dead-letter exchange; each target's word
+    /// on its copy, or None when some reached no queue.
+    pub(super) fn republish_dead_letters(
+        &self,
+        dead_letters: Vec<DeadLetter>,
+    ) -> Option<Vec<crate::queue::PublishOutcome>> {
+        let host = self.host.upgrade()?;
+        let target = self.dead_letter.as_ref()?;
+        host.dead_letter_tracked(&self.name, target, dead_letters)
+    }
+
+    /// Settles dead-lettered messages through the log.
+    pub(super) async fn settle_dead_letters(&self, indexes: Vec<u64>) -> Result<(), String> {
+        match self.request(Command::DeadLettered { indexes }).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err("the queue stopped".to_owned()),
+        }
     }
 
     /// The body of the message at `index`, read back from the log now: for

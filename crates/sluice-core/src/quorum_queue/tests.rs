@@ -152,6 +152,84 @@ fn quorum_machine_dead_letters_past_the_delivery_limit_and_on_expiry() {
 }
 
 #[test]
+fn quorum_machine_keeps_dead_letters_until_settled_with_at_least_once() {
+    let mut machine = QueueMachine::new(QueueConfig {
+        max_length: Some(2),
+        overflow: Overflow::RejectPublish,
+        delivery_limit: Some(0),
+        dead_letter_at_least_once: true,
+        ..QueueConfig::default()
+    });
+    machine.apply(1, 0, enqueue());
+    machine.apply(2, 0, enqueue());
+    let holder = consumer(1, "a");
+    let (_, effects) = machine.apply(
+        3,
+        0,
+        Command::Checkout {
+            consumer: holder.clone(),
+            spec: spec(1),
+        },
+    );
+    assert_eq!(deliveries(&effects), [("a".into(), 0, 1, 0)]);
+    // Rejected: no dead-letter effect (nothing leaves yet); it waits, and
+    // still counts against the length limit, and its entry is needed.
+    let (_, effects) = machine.apply(
+        4,
+        0,
+        Command::Discard {
+            consumer: holder.clone(),
+            deliveries: vec![0],
+        },
+    );
+    assert!(!effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::DeadLetter { .. })));
+    let waiting = machine.dead_lettered(10);
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].0, DeadLetterReason::Rejected);
+    assert_eq!(waiting[0].1.index, 1);
+    assert_eq!(machine.oldest_live(), Some(1));
+    // Held messages do not count against x-max-length (as in RabbitMQ);
+    // the one waiting does: one more fits, then the queue is full.
+    assert_eq!(machine.apply(5, 0, enqueue()).0, Reply::Enqueued);
+    assert_eq!(machine.apply(6, 0, enqueue()).0, Reply::Rejected);
+    // Returned past the delivery limit: waits too.
+    machine.apply(
+        7,
+        0,
+        Command::Return {
+            consumer: holder.clone(),
+            deliveries: vec![1],
+        },
+    );
+    let indexes: Vec<u64> = machine
+        .dead_lettered(10)
+        .iter()
+        .map(|(_, message)| message.index)
+        .collect();
+    assert_eq!(indexes, [1, 2]);
+    assert_eq!(
+        machine.dead_lettered(10)[1].0,
+        DeadLetterReason::DeliveryLimit
+    );
+    // Safe in the targets: gone, and their room is back.
+    machine.apply(8, 0, Command::DeadLettered { indexes: vec![1] });
+    assert_eq!(machine.dead_lettered(10).len(), 1);
+    assert_eq!(machine.oldest_live(), Some(2));
+    assert_eq!(machine.apply(9, 0, enqueue()).0, Reply::Enqueued);
+    machine.apply(
+        10,
+        0,
+        Command::DeadLettered {
+            indexes: vec![2, 77],
+        },
+    );
+    assert!(!machine.has_dead_lettered());
+    assert_eq!(machine.oldest_live(), Some(5));
+}
+
+#[test]
 fn quorum_machine_length_limits_drop_the_head_or_refuse() {
     let mut dropping = QueueMachine::new(QueueConfig {
         max_length: Some(2),
@@ -280,6 +358,7 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                     message_ttl_ms,
                     single_active_consumer: sac,
                     expires_ms: None,
+                    dead_letter_at_least_once: false,
                 }
             },
         )

@@ -8,7 +8,7 @@ use super::routing::RouteScratch;
 use super::VirtualHost;
 use crate::dead_letter::{dead_lettered, is_cycle, DeadLetter, DeadLetterTarget, DeathReason};
 use crate::exchange::ExchangeKind;
-use crate::queue::{Queue, QueueHost};
+use crate::queue::{PublishOutcome, Queue, QueueHost};
 
 /// Dead-letter problems (a missing exchange, a cycle) are logged once per
 /// queue and kind, as RabbitMQ logs a cycle once; this bounds how many the
@@ -33,21 +33,24 @@ impl VirtualHost {
     /// 3.10, a missing exchange drops the messages, and a copy that would
     /// close a cycle without a rejection in it is dropped for that queue.
     /// Persistent copies entering durable queues are journaled as any
-    /// publish; nothing confirms them (at most once, as RabbitMQ's
-    /// classic queues).
+    /// publish. Returns each target queue's word on its copy, and whether
+    /// some message reached no queue at all (for at-least-once
+    /// dead-lettering, which waits for both; the others ignore them).
     fn route_dead_letters(
         &self,
         queue: &str,
         target: &DeadLetterTarget,
         dead_letters: Vec<DeadLetter>,
-    ) {
+    ) -> (Vec<PublishOutcome>, bool) {
+        let mut outcomes = Vec::new();
+        let mut unrouted = false;
         let exchange = match self.exchange(&target.exchange) {
             Ok(exchange) => exchange,
             Err(_) => {
                 self.warn_dead_letter_once(format!("missing {queue} {}", target.exchange), || {
-                    tracing::warn!(queue, vhost = %self.name, exchange = %target.exchange, "the dead-letter exchange does not exist; dead-lettered messages are dropped");
+                    tracing::warn!(queue, vhost = %self.name, exchange = %target.exchange, "the dead-letter exchange does not exist; dead-lettered messages are dropped, or kept for at-least-once dead-lettering");
                 });
-                return;
+                return (outcomes, true);
             }
         };
         let time_s = std::time::SystemTime::now()
@@ -61,6 +64,7 @@ impl VirtualHost {
             let keys: Vec<&[u8]> = copy.routing_keys.iter().map(|key| &key[..]).collect();
             self.route_keys(&exchange, &keys, headers, &mut scratch, &mut destinations);
             let message = Arc::new(copy.message);
+            unrouted |= destinations.is_empty();
             for destination in destinations.drain(..) {
                 if dead.reason != DeathReason::Rejected
                     && is_cycle(destination.name(), &copy.headers)
@@ -70,15 +74,26 @@ impl VirtualHost {
                     });
                     continue;
                 }
-                destination.publish(Arc::clone(&message));
+                outcomes.push(destination.publish(Arc::clone(&message)));
             }
         }
+        (outcomes, unrouted)
     }
 }
 
 impl QueueHost for VirtualHost {
     fn dead_letter(&self, queue: &str, target: &DeadLetterTarget, dead_letters: Vec<DeadLetter>) {
         self.route_dead_letters(queue, target, dead_letters);
+    }
+
+    fn dead_letter_tracked(
+        &self,
+        queue: &str,
+        target: &DeadLetterTarget,
+        dead_letters: Vec<DeadLetter>,
+    ) -> Option<Vec<PublishOutcome>> {
+        let (outcomes, unrouted) = self.route_dead_letters(queue, target, dead_letters);
+        (!unrouted).then_some(outcomes)
     }
 
     /// Proposes deleting a queue that went unused for its `x-expires`, as
