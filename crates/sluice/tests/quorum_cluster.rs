@@ -424,3 +424,111 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
         node.kill();
     }
 }
+
+/// At-least-once dead-lettering across a leader's death: messages rejected
+/// while their dead-letter target does not exist stay in the queue; the
+/// leader dies; once the target is declared, the new leader delivers every
+/// one of them there (some perhaps twice, none lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
+    let mut nodes = cluster("qq-dlx", &["secret", "secret", "secret"]);
+    for node in &mut nodes {
+        node.start();
+    }
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = quorum();
+    for (key, value) in [
+        ("x-dead-letter-exchange", ""),
+        ("x-dead-letter-routing-key", "rejects"),
+        ("x-dead-letter-strategy", "at-least-once"),
+        ("x-overflow", "reject-publish"),
+    ] {
+        arguments.insert(key.into(), AMQPValue::LongString(value.into()));
+    }
+    channel
+        .queue_declare(
+            "orders".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .expect("the quorum queue declares");
+    nodes[1].wait_for_log(
+        &["quorum queue leader", "orders", &nodes[0].name],
+        Duration::from_secs(20),
+    );
+    let (_publishing, publisher) = channel_on(&nodes[1]).await;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for number in 0..20 {
+        assert!(publish_one(&publisher, "orders", number).await);
+    }
+    // Rejected through node 3, with nowhere to go yet.
+    let (_rejecting, rejecter) = channel_on(&nodes[2]).await;
+    for _ in 0..20 {
+        let got = rejecter
+            .basic_get(
+                "orders".into(),
+                lapin::options::BasicGetOptions { no_ack: false },
+            )
+            .await
+            .unwrap()
+            .expect("a message");
+        rejecter
+            .basic_nack(
+                got.delivery.delivery_tag,
+                lapin::options::BasicNackOptions {
+                    multiple: false,
+                    requeue: false,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // Let the rejections commit, then the leader dies.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    nodes[0].kill();
+    publisher
+        .queue_declare(
+            "rejects".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("the target declares on the surviving majority");
+    let mut numbers = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while numbers.len() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "dead-lettered so far: {numbers:?}"
+        );
+        match publisher
+            .basic_get(
+                "rejects".into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap()
+        {
+            Some(message) => {
+                numbers.insert(u32::from_be_bytes(
+                    message.delivery.data[..4].try_into().unwrap(),
+                ));
+            }
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(numbers, (0..20).collect::<BTreeSet<_>>());
+    for node in &mut nodes {
+        node.kill();
+    }
+}
