@@ -316,6 +316,8 @@ enum Step {
     Down(u8),
     Purge,
     Tick,
+    /// At-least-once dead-lettering settles the `pick`-th message waiting.
+    DeadLettered(u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -332,6 +334,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..3).prop_map(Step::Down),
         1 => Just(Step::Purge),
         1 => Just(Step::Tick),
+        1 => any::<u8>().prop_map(Step::DeadLettered),
     ]
 }
 
@@ -343,9 +346,18 @@ fn config() -> impl Strategy<Value = QueueConfig> {
         proptest::option::of(0u32..3),
         proptest::option::of(0u64..80),
         proptest::bool::weighted(0.3),
+        any::<bool>(),
     )
         .prop_map(
-            |(max_length, max_length_bytes, reject, delivery_limit, message_ttl_ms, sac)| {
+            |(
+                max_length,
+                max_length_bytes,
+                reject,
+                delivery_limit,
+                message_ttl_ms,
+                sac,
+                at_least_once,
+            )| {
                 QueueConfig {
                     max_length,
                     max_length_bytes,
@@ -358,7 +370,8 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                     message_ttl_ms,
                     single_active_consumer: sac,
                     expires_ms: None,
-                    dead_letter_at_least_once: false,
+                    // As the queue's arguments allow it: with reject-publish.
+                    dead_letter_at_least_once: reject && at_least_once,
                 }
             },
         )
@@ -368,7 +381,12 @@ fn config() -> impl Strategy<Value = QueueConfig> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
     Ready,
-    Held { consumer: u8, delivery: u64 },
+    Held {
+        consumer: u8,
+        delivery: u64,
+    },
+    /// Dead-lettered at least once: in the queue until settled as such.
+    DeadLettering,
 }
 
 #[derive(Default)]
@@ -409,6 +427,62 @@ impl Model {
             .values()
             .filter(|place| **place == Place::Ready)
             .count() as u64
+    }
+
+    /// Messages waiting for at-least-once dead-lettering, and their bytes:
+    /// they count against the length limits.
+    fn dead_lettering(&self) -> (u64, u64) {
+        let waiting: Vec<u64> = self
+            .places
+            .iter()
+            .filter(|(_, place)| **place == Place::DeadLettering)
+            .map(|(index, _)| *index)
+            .collect();
+        (
+            waiting.len() as u64,
+            waiting.iter().map(|index| self.sizes[index]).sum(),
+        )
+    }
+
+    /// Checks what the machine keeps for at-least-once dead-lettering
+    /// against the model: what joined came from the queue for a reason
+    /// the model allows, what left was settled by `settled`.
+    fn reconcile_dead_lettering(
+        &mut self,
+        machine: &QueueMachine,
+        settled: &[u64],
+    ) -> Result<(), TestCaseError> {
+        let waiting = machine.dead_lettered(usize::MAX);
+        let now: BTreeSet<u64> = waiting.iter().map(|(_, message)| message.index).collect();
+        for (reason, message) in &waiting {
+            let place = self.places.get(&message.index).copied();
+            if place == Some(Place::DeadLettering) {
+                continue;
+            }
+            match reason {
+                DeadLetterReason::Expired => {
+                    prop_assert_eq!(place, Some(Place::Ready), "expired from the ready ones")
+                }
+                DeadLetterReason::MaxLen => {
+                    prop_assert!(false, "no maxlen dead-lettering under reject-publish")
+                }
+                DeadLetterReason::Rejected | DeadLetterReason::DeliveryLimit => {
+                    prop_assert!(place.is_some(), "{:?} of a message in the queue", reason)
+                }
+            }
+            self.places.insert(message.index, Place::DeadLettering);
+        }
+        let gone: Vec<u64> = self
+            .places
+            .iter()
+            .filter(|(index, place)| **place == Place::DeadLettering && !now.contains(index))
+            .map(|(index, _)| *index)
+            .collect();
+        for index in gone {
+            prop_assert!(settled.contains(&index), "only settled dead letters leave");
+            self.places.remove(&index);
+        }
+        Ok(())
     }
 
     fn ready_bytes(&self) -> u64 {
@@ -576,7 +650,25 @@ proptest! {
                 }
                 Step::Purge => Command::Purge,
                 Step::Tick => Command::Tick,
+                Step::DeadLettered(pick) => {
+                    let waiting: Vec<u64> = model
+                        .places
+                        .iter()
+                        .filter(|(_, place)| **place == Place::DeadLettering)
+                        .map(|(index, _)| *index)
+                        .collect();
+                    let mut indexes = vec![1_000_000];
+                    if !waiting.is_empty() {
+                        indexes.push(waiting[usize::from(pick) % waiting.len()]);
+                    }
+                    Command::DeadLettered { indexes }
+                }
             };
+            let settled_dead_letters = match &command {
+                Command::DeadLettered { indexes } => indexes.clone(),
+                _ => Vec::new(),
+            };
+            let (dead_lettering, dead_lettering_bytes) = model.dead_lettering();
             let ready_before = model.ready();
             let ready_bytes_before = model.ready_bytes();
             let new_message = match (&command, step) {
@@ -602,10 +694,12 @@ proptest! {
                     model.places.retain(|_, place| *place != Place::Ready);
                 }
                 (Step::Enqueue { .. }, Some(size)) => {
-                    let over = config.max_length.is_some_and(|max| ready_before + 1 > max)
-                        || config
-                            .max_length_bytes
-                            .is_some_and(|max| ready_bytes_before + u64::from(size) > max);
+                    let over = config
+                        .max_length
+                        .is_some_and(|max| ready_before + dead_lettering + 1 > max)
+                        || config.max_length_bytes.is_some_and(|max| {
+                            ready_bytes_before + dead_lettering_bytes + u64::from(size) > max
+                        });
                     if config.overflow == Overflow::RejectPublish && over {
                         prop_assert_eq!(&reply, &Reply::Rejected);
                     } else {
@@ -618,7 +712,14 @@ proptest! {
                 (Step::Enqueue { .. }, None) => prop_assert_eq!(&reply, &Reply::Enqueued, "a resend"),
                 _ => {}
             }
+            if config.dead_letter_at_least_once {
+                prop_assert!(
+                    !effects.iter().any(|effect| matches!(effect, Effect::DeadLetter { .. })),
+                    "at least once, nothing leaves before it is settled"
+                );
+            }
             model.absorb(&effects, &config);
+            model.reconcile_dead_lettering(&machine, &settled_dead_letters)?;
 
             // The machine and the model agree on where everything is.
             let stats = machine.stats();
