@@ -131,6 +131,17 @@ async fn cluster_queue_on_one_node_is_used_through_the_others() {
     // Purge and delete through a node that does not hold it.
     drop(deliveries);
     on_third.close(200, "done".into()).await.unwrap();
+    // The home node hears of the closed channel a moment later (as a
+    // RabbitMQ queue hears of a channel on another node going down):
+    // until then it may still hand that consumer what comes in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while passive_count(&on_home, "orders").await.1 != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer stays at home"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(publish_confirmed(&publisher, "orders", 0, 10).await, 10);
     let purged = publisher
         .queue_purge("orders".into(), QueuePurgeOptions::default())
