@@ -170,6 +170,16 @@ impl ReplicatedLog for QuorumGroupLog {
         group.read_command(index).map_err(|error| error.to_string())
     }
 
+    fn is_stopped(&self) -> bool {
+        if lock(&self.stop).is_some() {
+            return true;
+        }
+        // Started, and no longer among the node's running groups: the
+        // node stopped them all.
+        matches!(&*self.started.borrow(), Started::Running(_))
+            && !lock(&self.running).contains_key(&self.group_id)
+    }
+
     fn confirms_due(&self) {
         self.confirm_progress
             .send_modify(|progress| *progress = progress.wrapping_add(1));

@@ -669,8 +669,11 @@ impl QuorumQueue {
         !more || self.dead_lettering.swap(true, Ordering::AcqRel)
     }
 
+    /// Deleted, or this member stopped: background work ends.
     pub(super) fn is_stopped(&self) -> bool {
-        self.is_deleted() || self.proposer.is_stopped()
+        self.is_deleted()
+            || self.proposer.is_stopped()
+            || self.log.get().is_some_and(|log| log.is_stopped())
     }
 
     pub(super) fn leads(&self) -> bool {
@@ -794,7 +797,7 @@ impl QuorumQueue {
                         return;
                     }
                 }
-                if queue.is_deleted() {
+                if queue.is_stopped() {
                     queue.reading.store(false, Ordering::Release);
                     return;
                 }

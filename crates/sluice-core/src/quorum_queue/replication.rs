@@ -86,6 +86,10 @@ pub trait ReplicatedLog: Send + Sync {
     /// Stops this member; with `erase`, its log is deleted too (the queue
     /// was deleted).
     fn stop(&self, erase: bool);
+
+    /// Whether this member stopped (its queue was deleted, or its node is
+    /// shutting down): work waiting on the log gives up.
+    fn is_stopped(&self) -> bool;
 }
 
 /// The node's consensus, for the quorum queues it holds a member of.
