@@ -74,19 +74,7 @@ fn files_under(dir: &Path) -> usize {
 
 /// Consumes `count` messages with acks and returns their indexes in order.
 async fn consume_all(channel: &Channel, queue: &str, count: usize) -> Vec<(usize, bool)> {
-    channel
-        .basic_qos(100, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "drain".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = consumer_with_prefetch(channel, queue, "drain", 100).await;
     let mut seen = Vec::with_capacity(count);
     while seen.len() < count {
         let delivery = next_delivery(&mut consumer).await;

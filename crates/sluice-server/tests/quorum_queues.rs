@@ -364,19 +364,8 @@ async fn quorum_queue_dead_letters_past_the_delivery_limit_and_nacks_past_its_le
         .unwrap()
         .expect("the dead letter");
     assert_eq!(number(&dead.delivery.data), 7);
-    let death = dead
-        .delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|headers| headers.inner().get("x-death").cloned());
-    let Some(AMQPValue::FieldArray(deaths)) = death else {
-        panic!("x-death is set: {death:?}");
-    };
-    let Some(AMQPValue::FieldTable(first)) = deaths.as_slice().first() else {
-        panic!("one death");
-    };
-    assert_eq!(first.inner().get("reason"), Some(&text("delivery_limit")));
+    let death = first_death(&dead.delivery);
+    assert_eq!(death.inner().get("reason"), Some(&text("delivery_limit")));
     assert_eq!(get_body(&channel, "limited", true).await, None);
 
     // reject-publish: the publish past the limit is nacked.
@@ -481,19 +470,7 @@ async fn consume_all(
     numbers: std::ops::Range<u32>,
     fresh_from: u32,
 ) {
-    channel
-        .basic_qos(100, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = consumer_with_prefetch(channel, queue, "", 100).await;
     let mut received = Vec::new();
     let mut last_fresh = None;
     for _ in numbers.clone() {
@@ -703,20 +680,9 @@ async fn quorum_queue_dead_letters_at_least_once_keeping_what_reaches_no_queue()
             .await
             .unwrap()
             .expect("a dead letter");
-        let death = dead
-            .delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|headers| headers.inner().get("x-death").cloned());
-        let Some(AMQPValue::FieldArray(deaths)) = death else {
-            panic!("x-death is set: {death:?}");
-        };
-        let Some(AMQPValue::FieldTable(first)) = deaths.as_slice().first() else {
-            panic!("one death");
-        };
-        assert_eq!(first.inner().get("reason"), Some(&text("rejected")));
-        assert_eq!(first.inner().get("queue"), Some(&text("source")));
+        let death = first_death(&dead.delivery);
+        assert_eq!(death.inner().get("reason"), Some(&text("rejected")));
+        assert_eq!(death.inner().get("queue"), Some(&text("source")));
         numbers.push(number(&dead.delivery.data));
     }
     numbers.sort_unstable();

@@ -34,6 +34,21 @@ fn quorum() -> FieldTable {
     arguments
 }
 
+/// Declares a durable queue with `arguments` and waits for declare-ok.
+async fn declare_durable(channel: &lapin::Channel, name: &str, arguments: FieldTable) {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .expect("the queue declares");
+}
+
 /// What the publisher saw: the numbers confirmed, and when each confirm
 /// came.
 #[derive(Default)]
@@ -157,17 +172,7 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
     }
     // Declared through node 1: its first leader.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    channel
-        .queue_declare(
-            "ledger".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            quorum(),
-        )
-        .await
-        .expect("the quorum queue declares");
+    declare_durable(&channel, "ledger", quorum()).await;
     drop(channel);
     // Node 1 stands first; the others hear of it.
     nodes[1].wait_for_log(
@@ -272,17 +277,7 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    channel
-        .queue_declare(
-            "ledger".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            quorum(),
-        )
-        .await
-        .expect("the quorum queue declares");
+    declare_durable(&channel, "ledger", quorum()).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "ledger", &nodes[0].name],
         Duration::from_secs(20),
@@ -341,17 +336,7 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     let mut arguments = quorum();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
-    channel
-        .queue_declare(
-            "solo".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
-        )
-        .await
-        .expect("the quorum queue declares");
+    declare_durable(&channel, "solo", arguments).await;
     let (_elsewhere, third) = channel_on(&nodes[2]).await;
     third
         .confirm_select(ConfirmSelectOptions::default())
@@ -445,17 +430,7 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
     ] {
         arguments.insert(key.into(), AMQPValue::LongString(value.into()));
     }
-    channel
-        .queue_declare(
-            "orders".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
-        )
-        .await
-        .expect("the quorum queue declares");
+    declare_durable(&channel, "orders", arguments).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "orders", &nodes[0].name],
         Duration::from_secs(20),
@@ -493,17 +468,8 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
     // Let the rejections commit, then the leader dies.
     tokio::time::sleep(Duration::from_secs(1)).await;
     nodes[0].kill();
-    publisher
-        .queue_declare(
-            "rejects".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("the target declares on the surviving majority");
+    // The target, declared on the surviving majority.
+    declare_durable(&publisher, "rejects", FieldTable::default()).await;
     let mut numbers = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(40);
     while numbers.len() < 20 {

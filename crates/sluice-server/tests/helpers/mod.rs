@@ -108,18 +108,27 @@ pub async fn publish_with(
         .expect("publish is sent");
 }
 
-/// The next delivery, failing the test after [`ARRIVAL_TIMEOUT`].
 /// A consumer with prefetch 1, tagged "stuck", that takes one message from
 /// `queue` and never acks it: the queue cannot drain.
 pub async fn stuck_consumer(channel: &Channel, queue: &str) -> Consumer {
+    consumer_with_prefetch(channel, queue, "stuck", 1).await
+}
+
+/// Subscribes to `queue` as `tag` after setting the channel's prefetch.
+pub async fn consumer_with_prefetch(
+    channel: &Channel,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+) -> Consumer {
     channel
-        .basic_qos(1, lapin::options::BasicQosOptions::default())
+        .basic_qos(prefetch, lapin::options::BasicQosOptions::default())
         .await
         .unwrap();
     channel
         .basic_consume(
             queue.into(),
-            "stuck".into(),
+            tag.into(),
             lapin::options::BasicConsumeOptions::default(),
             FieldTable::default(),
         )
@@ -127,6 +136,23 @@ pub async fn stuck_consumer(channel: &Channel, queue: &str) -> Consumer {
         .unwrap()
 }
 
+/// The first entry of a dead-lettered message's `x-death` header.
+pub fn first_death(delivery: &Delivery) -> FieldTable {
+    let death = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-death").cloned());
+    let Some(AMQPValue::FieldArray(deaths)) = death else {
+        panic!("x-death is set: {death:?}");
+    };
+    let Some(AMQPValue::FieldTable(first)) = deaths.as_slice().first().cloned() else {
+        panic!("one death");
+    };
+    first
+}
+
+/// The next delivery, failing the test after [`ARRIVAL_TIMEOUT`].
 pub async fn next_delivery(consumer: &mut Consumer) -> Delivery {
     tokio::time::timeout(ARRIVAL_TIMEOUT, consumer.next())
         .await
