@@ -18,6 +18,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use support::cluster::{channel_on, cluster, Node};
+use support::{declare_durable, declare_durable_with};
 
 /// Confirms a publisher keeps waiting for at once.
 const IN_FLIGHT: usize = 100;
@@ -34,19 +35,14 @@ fn quorum() -> FieldTable {
     arguments
 }
 
-/// Declares a durable queue with `arguments` and waits for declare-ok.
-async fn declare_durable(channel: &lapin::Channel, name: &str, arguments: FieldTable) {
+/// A channel on `node` in confirm mode.
+async fn confirming_channel_on(node: &Node) -> (lapin::Connection, lapin::Channel) {
+    let (connection, channel) = channel_on(node).await;
     channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
-        )
+        .confirm_select(ConfirmSelectOptions::default())
         .await
-        .expect("the queue declares");
+        .unwrap();
+    (connection, channel)
 }
 
 /// What the publisher saw: the numbers confirmed, and when each confirm
@@ -172,7 +168,7 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
     }
     // Declared through node 1: its first leader.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    declare_durable(&channel, "ledger", quorum()).await;
+    declare_durable_with(&channel, "ledger", quorum()).await;
     drop(channel);
     // Node 1 stands first; the others hear of it.
     nodes[1].wait_for_log(
@@ -277,16 +273,12 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    declare_durable(&channel, "ledger", quorum()).await;
+    declare_durable_with(&channel, "ledger", quorum()).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "ledger", &nodes[0].name],
         Duration::from_secs(20),
     );
-    let (_publishing, publisher) = channel_on(&nodes[1]).await;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (_publishing, publisher) = confirming_channel_on(&nodes[1]).await;
     assert!(publish_one(&publisher, "ledger", 0).await);
     // Past the hibernation delay: every member sleeps.
     tokio::time::sleep(Duration::from_secs(13)).await;
@@ -336,7 +328,7 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     let mut arguments = quorum();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
-    declare_durable(&channel, "solo", arguments).await;
+    declare_durable_with(&channel, "solo", arguments).await;
     let (_elsewhere, third) = channel_on(&nodes[2]).await;
     third
         .confirm_select(ConfirmSelectOptions::default())
@@ -430,16 +422,12 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
     ] {
         arguments.insert(key.into(), AMQPValue::LongString(value.into()));
     }
-    declare_durable(&channel, "orders", arguments).await;
+    declare_durable_with(&channel, "orders", arguments).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "orders", &nodes[0].name],
         Duration::from_secs(20),
     );
-    let (_publishing, publisher) = channel_on(&nodes[1]).await;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (_publishing, publisher) = confirming_channel_on(&nodes[1]).await;
     for number in 0..20 {
         assert!(publish_one(&publisher, "orders", number).await);
     }
@@ -469,7 +457,7 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     nodes[0].kill();
     // The target, declared on the surviving majority.
-    declare_durable(&publisher, "rejects", FieldTable::default()).await;
+    declare_durable(&publisher, "rejects").await;
     let mut numbers = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(40);
     while numbers.len() < 20 {

@@ -98,6 +98,11 @@ pub fn stop(server: &mut std::process::Child) -> std::process::ExitStatus {
 
 /// Declares the durable queue `name`.
 pub async fn declare_durable(channel: &Channel, name: &str) {
+    declare_durable_with(channel, name, FieldTable::default()).await;
+}
+
+/// Declares the durable queue `name` with `arguments`.
+pub async fn declare_durable_with(channel: &Channel, name: &str, arguments: FieldTable) {
     channel
         .queue_declare(
             name.into(),
@@ -105,7 +110,7 @@ pub async fn declare_durable(channel: &Channel, name: &str) {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            arguments,
         )
         .await
         .expect("queue declared");
