@@ -19,9 +19,6 @@ use tokio::sync::watch;
 /// again after a leader change.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Entries a queue's log keeps behind its snapshot.
-const QUEUE_KEPT_BEHIND_SNAPSHOT: u64 = 100;
-
 const QUEUE_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(150);
 const QUEUE_ELECTION_TIMEOUT: (Duration, Duration) =
     (Duration::from_millis(600), Duration::from_millis(1200));
@@ -247,9 +244,6 @@ impl QuorumGroups for NodeQuorumGroups {
         // lease, then elect), inside the five allowed for confirms to
         // resume.
         settings.heartbeat_interval = QUEUE_HEARTBEAT_INTERVAL;
-        // A queue's snapshot is its index, small next to its log: a member
-        // that lags more than this catches up from one.
-        settings.kept_behind_snapshot = QUEUE_KEPT_BEHIND_SNAPSHOT;
         settings.election_timeout = QUEUE_ELECTION_TIMEOUT;
         let label = spec.label.clone();
         let consensus = Arc::clone(&self.consensus);

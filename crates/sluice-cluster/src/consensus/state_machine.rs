@@ -12,7 +12,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,7 +20,7 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use tokio::sync::watch;
 
-use super::log_store::{decode, encode, LogStore};
+use super::log_store::{decode, LogStore};
 use super::types::{LogId, Reply, SnapshotMeta, StoredMembership, TypeConfig};
 use super::StateMachine;
 
@@ -78,14 +77,18 @@ fn read_snapshot_file(path: &Path) -> io::Result<Option<(SnapshotMeta, SnapshotD
     }
 }
 
+/// Encodes straight into the file: a deep queue's state is tens of
+/// megabytes, not to be copied once more on its way out.
 fn write_snapshot_file(
     path: &Path,
     meta: &SnapshotMeta,
     data: &[u8],
     sync: bool,
 ) -> io::Result<()> {
-    let mut file = std::fs::File::create(path)?;
-    file.write_all(&encode(&(meta, serde_bytes::Bytes::new(data))))?;
+    let mut file = io::BufWriter::new(std::fs::File::create(path)?);
+    ciborium::into_writer(&(meta, serde_bytes::Bytes::new(data)), &mut file)
+        .map_err(|error| io::Error::other(error.to_string()))?;
+    let file = file.into_inner().map_err(|error| error.into_error())?;
     if sync {
         file.sync_all()?;
     }

@@ -17,7 +17,9 @@ pub type DeliveryId = u64;
 
 /// A message as the state machine holds it: where its body is (the index
 /// of the log entry that enqueued it), and what the queue's rules need.
+/// Written as a tuple, not a map: a deep queue's snapshot holds millions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "MessageTuple", into = "MessageTuple")]
 pub struct MessageRef {
     /// The log index of its enqueue: names the message on every member.
     pub index: u64,
@@ -28,6 +30,32 @@ pub struct MessageRef {
     /// Times it went back to the queue after a delivery (RabbitMQ's
     /// `x-delivery-count`).
     pub delivery_count: u32,
+}
+
+/// [`MessageRef`]'s fields in order, as it is written.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct MessageTuple(u64, u32, Option<u64>, u32);
+
+impl From<MessageTuple> for MessageRef {
+    fn from(MessageTuple(index, size, expires_at_ms, delivery_count): MessageTuple) -> Self {
+        MessageRef {
+            index,
+            size,
+            expires_at_ms,
+            delivery_count,
+        }
+    }
+}
+
+impl From<MessageRef> for MessageTuple {
+    fn from(message: MessageRef) -> Self {
+        MessageTuple(
+            message.index,
+            message.size,
+            message.expires_at_ms,
+            message.delivery_count,
+        )
+    }
 }
 
 /// How a consumer takes messages.

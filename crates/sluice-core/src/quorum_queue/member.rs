@@ -67,9 +67,16 @@ pub enum Parked {
 
 /// The state a snapshot holds: the machine, no bodies (they stay in the
 /// log, from the snapshot's point on).
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct MemberSnapshot {
     machine: QueueMachine,
+}
+
+/// [`MemberSnapshot`] as it is written: borrowing the machine, which can
+/// hold millions of messages, rather than copying it first.
+#[derive(Serialize)]
+struct MemberSnapshotRef<'a> {
+    machine: &'a QueueMachine,
 }
 
 pub struct Member {
@@ -239,8 +246,8 @@ impl Member {
     }
 
     pub fn snapshot(&self) -> bytes::Bytes {
-        super::entry::encode(&MemberSnapshot {
-            machine: self.machine.clone(),
+        super::entry::encode(&MemberSnapshotRef {
+            machine: &self.machine,
         })
     }
 
