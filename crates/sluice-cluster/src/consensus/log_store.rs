@@ -87,9 +87,10 @@ struct LogContents {
 }
 
 impl LogContents {
+    /// Records an entry appended after the last one (openraft truncates
+    /// a conflicting tail before it appends over it).
     fn insert(&mut self, entry: Entry, location: Location, cache: bool) {
         let index = entry.index();
-        self.truncate_after(index.checked_sub(1));
         self.stored.insert(
             index,
             Stored {
@@ -156,7 +157,13 @@ impl LogContents {
     /// Replays one record found at recovery.
     fn replay(&mut self, kind: u8, location: Location, payload: &[u8]) -> io::Result<()> {
         match kind {
-            KIND_ENTRY => self.insert(decode(payload)?, location, false),
+            KIND_ENTRY => {
+                // A record written over a tail that a crash kept from being
+                // truncated: the later one wins, and what followed it goes.
+                let entry: Entry = decode(payload)?;
+                self.truncate_after(entry.index().checked_sub(1));
+                self.insert(entry, location, false);
+            }
             KIND_TRUNCATE => self.truncate_after(decode(payload)?),
             KIND_PURGE => self.purge(decode(payload)?),
             KIND_COMMITTED => self.committed = decode(payload)?,

@@ -38,6 +38,16 @@ struct Candidate {
     path: PathBuf,
 }
 
+impl Candidate {
+    /// Whether it was kept before `first_needed`: the log may be purged
+    /// up to it.
+    fn is_before(&self, first_needed: u64) -> bool {
+        self.meta
+            .last_log_id
+            .is_some_and(|log_id| log_id.index < first_needed)
+    }
+}
+
 struct Inner {
     machine: Box<dyn StateMachine>,
     last_applied: Option<LogId>,
@@ -209,14 +219,12 @@ impl Inner {
                 Ok(Some(meta))
             }
             Some(first_needed) => {
-                let before = |candidate: &Candidate| {
-                    candidate
-                        .meta
-                        .last_log_id
-                        .is_some_and(|log_id| log_id.index < first_needed)
-                };
                 let mut newest = None;
-                while self.candidates.front().is_some_and(before) {
+                while self
+                    .candidates
+                    .front()
+                    .is_some_and(|candidate| candidate.is_before(first_needed))
+                {
                     if let Some(older) =
                         newest.replace(self.candidates.pop_front().expect("a front"))
                     {
@@ -320,12 +328,10 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         let inner = lock(&self.inner);
         let ready = match inner.machine.first_needed() {
             None => true,
-            Some(first_needed) => inner.candidates.front().is_some_and(|candidate| {
-                candidate
-                    .meta
-                    .last_log_id
-                    .is_some_and(|log_id| log_id.index < first_needed)
-            }),
+            Some(first_needed) => inner
+                .candidates
+                .front()
+                .is_some_and(|candidate| candidate.is_before(first_needed)),
         };
         drop(inner);
         (force || ready).then(|| self.clone())

@@ -153,7 +153,7 @@ impl QueueMachine {
     /// The oldest log index still needed: every entry before it may be
     /// dropped from the log (its message is gone).
     pub fn release_cursor(&self) -> u64 {
-        self.live.first().copied().unwrap_or(self.last_index + 1)
+        self.oldest_live().unwrap_or(self.last_index + 1)
     }
 
     /// Up to `limit` messages waiting for at-least-once dead-lettering,

@@ -10,7 +10,7 @@
 //! [`Queue::forwarded`], the channel's asynchronous path, as operations on
 //! a queue of another node do.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -237,24 +237,28 @@ pub(super) type ReadBack = (HashMap<u64, Arc<Message>>, Vec<u64>);
 /// # Errors
 /// The log could not be read.
 fn read_bodies(log: &dyn ReplicatedLog, indexes: &[u64]) -> Result<ReadBack, String> {
-    let mut by_entry: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut by_entry: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     for index in indexes {
-        by_entry.entry(index >> ITEM_BITS).or_default().push(*index);
+        by_entry
+            .entry(index >> ITEM_BITS)
+            .or_default()
+            .insert(*index);
     }
     let mut read = HashMap::with_capacity(indexes.len());
     let mut missing = Vec::new();
     for (entry_index, wanted) in by_entry {
-        let batch = match log.read_entry(entry_index)? {
+        let mut batch = match log.read_entry(entry_index)? {
             Some(bytes) => Some(decode::<Batch>(&bytes)?),
             None => None,
         };
         for index in wanted {
             let position = (index & ((1 << ITEM_BITS) - 1)) as usize;
+            // Each index comes once (a set): its bytes are taken, not copied.
             let body = batch
-                .as_ref()
-                .and_then(|batch| match batch.items.get(position) {
+                .as_mut()
+                .and_then(|batch| match batch.items.get_mut(position) {
                     Some(Item::Publish { message, .. }) => {
-                        super::entry::decode_message(message.clone())
+                        super::entry::decode_message(std::mem::take(message))
                     }
                     _ => None,
                 });
@@ -727,8 +731,7 @@ impl QuorumQueue {
     /// The body of the message at `index`, read back from the log now: for
     /// the rare paths (basic.get, dead-lettering) that cannot wait.
     fn read_body(&self, index: u64) -> Option<Arc<Message>> {
-        let log = self.log.get()?;
-        match read_bodies(log.as_ref(), &[index]) {
+        match self.read_bodies(&[index]) {
             Ok((mut read, _)) => read.remove(&index),
             Err(error) => {
                 tracing::error!(queue = %self.name, vhost = %self.vhost, index, %error, "could not read a message back from the quorum queue's log");
@@ -760,12 +763,8 @@ impl QuorumQueue {
                     }
                     continue;
                 }
-                let Some(log) = queue.log.get().cloned() else {
-                    queue.reading.store(false, Ordering::Release);
-                    return;
-                };
-                let result =
-                    tokio::task::spawn_blocking(move || read_bodies(log.as_ref(), &wanted)).await;
+                let reader = Arc::clone(&queue);
+                let result = tokio::task::spawn_blocking(move || reader.read_bodies(&wanted)).await;
                 match result {
                     Ok(Ok((read, missing))) => {
                         let lost = lock(&queue.member).fill_parked(&read, &missing);
