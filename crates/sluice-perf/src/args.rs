@@ -33,6 +33,12 @@ pub struct PerfArgs {
     #[arg(short = 'h', long, value_name = "URI")]
     pub uri: Option<String>,
 
+    /// Broker URIs separated by commas, e.g. every node of a cluster: connections take
+    /// them in turn, and each named queue is declared through the next one (so a
+    /// cluster's queue leaders spread as PerfTest's consumers spread them); wins over -h
+    #[arg(short = 'H', long, value_name = "URIS")]
+    pub uris: Option<String>,
+
     /// Number of producers, each with its own connection [default: 1]
     #[arg(short = 'x', long, value_name = "N")]
     pub producers: Option<u32>,
@@ -219,7 +225,18 @@ impl PerfArgs {
             None => Workload::default(),
         };
         if let Some(uri) = &self.uri {
-            workload.uri = uri.clone();
+            workload.uris = vec![uri.clone()];
+        }
+        if let Some(uris) = &self.uris {
+            workload.uris = uris
+                .split(',')
+                .map(str::trim)
+                .filter(|uri| !uri.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if workload.uris.is_empty() {
+                return Err(PerfError::Args("-H/--uris names no URI".into()));
+            }
         }
         macro_rules! take {
             ($($field:ident),*) => {$(
@@ -328,7 +345,7 @@ mod tests {
             "500",
         ]);
         let workload = args.workload(None).unwrap();
-        assert_eq!(workload.uri, "amqp://u:p@host:5673");
+        assert_eq!(workload.uris, vec!["amqp://u:p@host:5673"]);
         assert_eq!((workload.producers, workload.consumers), (2, 3));
         assert_eq!(workload.size, 1000);
         assert_eq!(workload.confirm, Some(100));
@@ -382,6 +399,22 @@ mod tests {
                 QueueArgument::Text("x-queue-type".into(), "quorum".into())
             ]
         );
+    }
+
+    #[test]
+    fn args_several_uris_are_taken_in_turn() {
+        let args = parse(&[
+            "-h",
+            "amqp://ignored",
+            "-H",
+            "amqp://a:1, amqp://b:2,amqp://c:3",
+        ]);
+        let workload = args.workload(None).unwrap();
+        assert_eq!(workload.uris.len(), 3);
+        assert_eq!(workload.uri(0), "amqp://a:1");
+        assert_eq!(workload.uri(4), "amqp://b:2");
+        assert_eq!(workload.uri(5), "amqp://c:3");
+        assert!(parse(&["-H", " , "]).workload(None).is_err());
     }
 
     #[test]

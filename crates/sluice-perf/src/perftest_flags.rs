@@ -109,7 +109,7 @@ const OPTIONS: &[(&str, &str, bool, Handling)] = &[
     ),
     ("f", "flag", true, Implemented),
     ("h", "uri", true, Implemented),
-    ("H", "uris", true, Ignored("one URI (-h) is used")),
+    ("H", "uris", true, Implemented),
     (
         "hst",
         "heartbeat-sender-threads",
@@ -495,12 +495,14 @@ mod tests {
                 "--queue-pattern-from",
                 "3",
                 "--predeclared",
+                "--uris",
+                "amqp://a,amqp://b",
                 "--queue",
                 "q",
                 "--use-millis",
             ])
         );
-        assert_eq!(warnings.len(), 4, "{warnings:?}");
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(warnings[0].starts_with("PerfTest option -o/--output-file is accepted"));
         assert!(warnings[1].contains("-d/--id"));
     }

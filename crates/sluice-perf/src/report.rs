@@ -21,6 +21,9 @@ pub struct Summary {
     /// The run's name within a sweep ("no confirms", "in-flight 10% (100)"), else "run".
     pub label: String,
     pub description: String,
+    /// When the clients started, in seconds since the Unix epoch: lets a harness that
+    /// samples the broker's CPU and memory tell the runs of a sweep apart.
+    pub started_unix_s: f64,
     pub elapsed_s: f64,
     pub published: u64,
     pub confirmed: u64,

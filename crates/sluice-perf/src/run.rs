@@ -104,24 +104,34 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     let workload = Arc::new(workload.clone());
     let stats = Arc::new(Stats::default());
 
-    let setup = topology::connect(
-        &workload.uri,
-        workload.connection_options(),
-        "sluice-perf setup",
-    )
-    .await?;
-    topology::declare(&setup, &workload).await?;
+    // One setup connection per URI: each queue is declared through the next, as
+    // PerfTest's consumers (spread over the URIs) declare theirs.
+    let mut setups = Vec::with_capacity(workload.uris.len());
+    for uri in &workload.uris {
+        setups.push(
+            topology::connect(uri, workload.connection_options(), "sluice-perf setup").await?,
+        );
+    }
+    topology::declare(&setups, &workload).await?;
+    let brokers: Vec<String> = workload
+        .uris
+        .iter()
+        .map(|uri| topology::redact(uri))
+        .collect();
     display.note(&format!(
         "{}: {}: opening {} consumer and {} producer connections to {}",
         options.label,
         workload.describe(),
         workload.consumers,
         workload.producers,
-        topology::redact(&workload.uri)
+        brokers.join(", ")
     ));
     let (consumers, publishers) = open_clients(&workload, &stats).await?;
     let (stop_sender, stop) = watch::channel(false);
     let start = Instant::now();
+    let started_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64());
     let mut tasks = Tasks::spawn(&workload, consumers, publishers, start, &stop);
     let mut sampler = Sampler::default();
     let (samples, interrupted) = tasks
@@ -138,7 +148,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     display.finish();
 
     // Collect the tasks (each hands its connection back) and close every connection.
-    let mut connections = vec![setup];
+    let mut connections = setups;
     connections.extend(tasks.collect().await);
     let mut errors = tasks.errors;
     if options.delete_queues {
@@ -150,7 +160,14 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     errors.sort();
     errors.dedup();
     Ok(RunResult {
-        summary: summarize(&workload, options, &sampler, elapsed, errors),
+        summary: summarize(
+            &workload,
+            options,
+            &sampler,
+            started_unix_s,
+            elapsed,
+            errors,
+        ),
         samples,
         interrupted,
     })
@@ -179,7 +196,7 @@ async fn open_clients(
         );
         async move {
             let connection = topology::connect(
-                &workload.uri,
+                workload.uri(index as usize),
                 workload.connection_options(),
                 &format!("sluice-perf consumer {index}"),
             )
@@ -198,7 +215,7 @@ async fn open_clients(
         );
         async move {
             let connection = topology::connect(
-                &workload.uri,
+                workload.uri(workload.consumers as usize + index as usize),
                 workload.connection_options(),
                 &format!("sluice-perf producer {index}"),
             )
@@ -350,6 +367,7 @@ fn summarize(
     workload: &Workload,
     options: &RunOptions,
     sampler: &Sampler,
+    started_unix_s: f64,
     elapsed: Duration,
     errors: Vec<String>,
 ) -> Summary {
@@ -358,6 +376,7 @@ fn summarize(
     Summary {
         label: options.label.clone(),
         description: workload.describe(),
+        started_unix_s,
         elapsed_s,
         published: counts.published,
         confirmed: counts.confirmed,

@@ -173,24 +173,29 @@ pub async fn declare_queue(
     Ok(queue.name().to_string())
 }
 
-/// Declares the exchange and the named queues and binds them. With `--predeclared`, a
+/// Declares the exchange and the named queues and binds them, the `k`-th queue through
+/// connection `k` modulo their number (one per URI: on a cluster whose queues are placed
+/// where they are declared, the queues spread over the nodes). With `--predeclared`, a
 /// queue that exists already is used as it is, whatever it was declared with, as PerfTest's
 /// `-p` does; one that does not is declared.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker refuses a declaration.
-pub async fn declare(connection: &Connection, workload: &Workload) -> Result<(), PerfError> {
-    let open = || async {
+pub async fn declare(connections: &[Connection], workload: &Workload) -> Result<(), PerfError> {
+    async fn open(connection: &Connection) -> Result<Channel, PerfError> {
         connection
             .create_channel()
             .await
             .map_err(PerfError::amqp("opening the setup channel"))
-    };
-    let mut channel = open().await?;
+    }
+    let mut channels = Vec::with_capacity(connections.len());
+    for connection in connections {
+        channels.push(open(connection).await?);
+    }
     let exchange = workload.exchange.as_str();
     let predefined = exchange.is_empty() || exchange.starts_with("amq.");
     if !predefined {
-        channel
+        channels[0]
             .exchange_declare(
                 exchange.into(),
                 exchange_kind(&workload.exchange_type),
@@ -204,7 +209,9 @@ pub async fn declare(connection: &Connection, workload: &Workload) -> Result<(),
             .await
             .map_err(PerfError::amqp(format!("exchange.declare '{exchange}'")))?;
     }
-    for name in workload.queue_names() {
+    for (index, name) in workload.queue_names().into_iter().enumerate() {
+        let through = index % connections.len();
+        let channel = &mut channels[through];
         let exists = workload.predeclared
             && channel
                 .queue_declare(
@@ -220,9 +227,9 @@ pub async fn declare(connection: &Connection, workload: &Workload) -> Result<(),
         if !exists {
             if workload.predeclared {
                 // The failed passive declare closed the channel.
-                channel = open().await?;
+                *channel = open(&connections[through]).await?;
             }
-            declare_queue(&channel, workload, &name).await?;
+            declare_queue(channel, workload, &name).await?;
         }
         if !exchange.is_empty() {
             channel
@@ -237,7 +244,9 @@ pub async fn declare(connection: &Connection, workload: &Workload) -> Result<(),
                 .map_err(PerfError::amqp(format!("queue.bind '{name}'")))?;
         }
     }
-    let _ = channel.close(200, "OK".into()).await;
+    for channel in channels {
+        let _ = channel.close(200, "OK".into()).await;
+    }
     Ok(())
 }
 

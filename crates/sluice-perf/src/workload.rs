@@ -42,7 +42,9 @@ impl QueueArgument {
 /// Everything one run needs to know.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Workload {
-    pub uri: String,
+    /// Brokers to connect to, never empty: PerfTest's `-H` gives several (the nodes of a
+    /// cluster), and connections take them in turn.
+    pub uris: Vec<String>,
     pub producers: u32,
     pub consumers: u32,
     pub queue: Option<String>,
@@ -86,7 +88,7 @@ impl Default for Workload {
     /// PerfTest's defaults.
     fn default() -> Self {
         Workload {
-            uri: "amqp://localhost".into(),
+            uris: vec!["amqp://localhost".into()],
             producers: 1,
             consumers: 1,
             queue: None,
@@ -137,6 +139,12 @@ const FRAME_DEFAULT_MAX: u32 = 131_072;
 const FRAME_OVERHEAD: usize = 8;
 
 impl Workload {
+    /// The URI of the `index`-th connection opened: the URIs in turn, as PerfTest spreads
+    /// its connections over `-H`.
+    pub fn uri(&self, index: usize) -> &str {
+        &self.uris[index % self.uris.len()]
+    }
+
     /// How each connection is set up.
     pub fn connection_options(&self) -> ConnectionOptions {
         ConnectionOptions {
