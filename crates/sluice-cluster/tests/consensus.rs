@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_cluster::consensus::{
-    ConsensusNode, GroupSettings, ProposeError, RaftGroup, StateMachine,
+    ConsensusNode, GroupSettings, ProposeError, RaftGroup, StateMachine, Wal,
 };
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
@@ -152,7 +152,11 @@ impl Member {
         } else {
             None
         };
-        let consensus = ConsensusNode::new(links.clone(), Arc::clone(&wal));
+        // The member's directory is its data directory and its group's.
+        let consensus = ConsensusNode::new(
+            links.clone(),
+            Wal::open(dir, Arc::clone(&wal)).expect("the WAL opens"),
+        );
         let mut settings = GroupSettings::new(7, dir.to_path_buf(), name.clone(), members.to_vec());
         settings.snapshot_every = snapshot_every;
         settings.kept_behind_snapshot = snapshot_every;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_cluster::consensus::{ConsensusError, ConsensusNode, GroupSettings, RaftGroup};
+use sluice_cluster::consensus::{ConsensusError, ConsensusNode, GroupSettings, RaftGroup, Wal};
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
 use sluice_cluster::node_name::NodeName;
@@ -70,6 +70,8 @@ pub enum ServerError {
     Cookie(#[source] sluice_cluster::cookie::CookieError),
     #[error("cannot link with the cluster's other nodes")]
     Links(#[source] sluice_cluster::link::LinkError),
+    #[error("cannot open the raft write-ahead log")]
+    Wal(#[source] std::io::Error),
     #[error("cannot start the metadata log")]
     Metadata(#[source] ConsensusError),
     #[error("cannot take over the single-node definitions: {0}")]
@@ -317,7 +319,15 @@ async fn open_node(
             links.shutdown();
         }
     };
-    let consensus = ConsensusNode::new(links.clone(), Arc::clone(&store.group));
+    // Before any group opens its log: what the WAL holds completes them.
+    let wal = match Wal::open(&config.data_dir, Arc::clone(&store.group)) {
+        Ok(wal) => wal,
+        Err(error) => {
+            stop_links(&links);
+            return Err(ServerError::Wal(error));
+        }
+    };
+    let consensus = ConsensusNode::new(links.clone(), wal);
     // Before the metadata log replays: the quorum queues it declares start
     // their members on it.
     let quorum_groups = Arc::new(NodeQuorumGroups {

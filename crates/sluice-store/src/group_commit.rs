@@ -91,6 +91,10 @@ pub struct LogBuffer {
     retry_backoff: Mutex<Duration>,
     /// Whether any write ever failed: reading `lost` is needed only then.
     ever_lost: AtomicBool,
+    /// Segments written without an fsync since the last one: a log whose
+    /// appends are made durable elsewhere (a Raft log behind the node's
+    /// write-ahead log) syncs them with [`LogBuffer::sync_written`].
+    unsynced_segments: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// The first wait before a failed log is written to again, and the
@@ -163,6 +167,7 @@ impl LogBuffer {
             retries_after_failure: AtomicBool::new(false),
             retry_backoff: Mutex::new(RETRY_BACKOFF_MIN),
             ever_lost: AtomicBool::new(false),
+            unsynced_segments: Mutex::new(std::collections::BTreeSet::new()),
             pending: Mutex::new(Pending {
                 writing: Vec::new(),
                 chunks: Vec::new(),
@@ -291,6 +296,34 @@ impl LogBuffer {
         if spawned.is_err() {
             self.preallocating.store(false, Ordering::Release);
         }
+    }
+
+    /// The sequence number of the last append so far.
+    pub fn last_sequence(&self) -> Sequence {
+        lock(&self.pending).next_sequence - 1
+    }
+
+    /// Whether the next round must fsync this log.
+    fn needs_sync(&self) -> bool {
+        lock(&self.pending).needs_sync
+    }
+
+    /// Fsyncs every segment written without an fsync since the last one.
+    /// Appends not yet written are not covered: wait for their sequence
+    /// with [`LogBuffer::is_synced`] first.
+    ///
+    /// # Errors
+    /// The fsync failed; the segments stay to be synced again.
+    pub fn sync_written(&self) -> Result<(), StoreError> {
+        let segments = std::mem::take(&mut *lock(&self.unsynced_segments));
+        let log = lock(&self.log);
+        for (done, segment) in segments.iter().enumerate() {
+            if let Err(error) = log.sync(*segment) {
+                lock(&self.unsynced_segments).extend(segments.iter().skip(done));
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     /// Whether the append with this sequence number is on disk.
@@ -572,15 +605,20 @@ impl LogBuffer {
         // the sequence still advances: all earlier durable appends were
         // synced by earlier rounds.
         if needs_sync {
-            for segment in &written_segments {
+            // With the segments earlier rounds wrote without an fsync.
+            let mut segments = std::mem::take(&mut *lock(&self.unsynced_segments));
+            segments.extend(&written_segments);
+            for segment in &segments {
                 log.sync(*segment)?;
             }
             stats
                 .fsyncs
-                .fetch_add(written_segments.len() as u64, Ordering::Relaxed);
+                .fetch_add(segments.len() as u64, Ordering::Relaxed);
             stats
                 .durable_appends
                 .fetch_add(durable_appends, Ordering::Relaxed);
+        } else {
+            lock(&self.unsynced_segments).extend(&written_segments);
         }
         drop(log);
         self.synced_sequence.store(last_sequence, Ordering::Release);
@@ -744,7 +782,7 @@ impl GroupCommit {
             if since_last < self.sync_interval && !self.stop.load(Ordering::Acquire) {
                 std::thread::sleep(self.sync_interval - since_last);
             }
-            let logs = {
+            let mut logs = {
                 let mut dirty = lock(&self.dirty);
                 while dirty.is_empty() && !self.stop.load(Ordering::Acquire) {
                     if lock(&self.budget_waiters).is_empty() {
@@ -771,6 +809,12 @@ impl GroupCommit {
                 std::mem::take(&mut *dirty)
             };
             round_started = Instant::now();
+            // Logs that need an fsync first, side by side; logs only to be
+            // written (the Raft logs behind the write-ahead log) after, on
+            // the threads at hand: a write alone takes no helper thread.
+            logs.sort_by_cached_key(|log| !log.needs_sync());
+            let syncing = logs.iter().take_while(|log| log.needs_sync()).count();
+            let helpers = syncing.clamp(1, SYNC_THREADS_MAX) - 1;
             let failed = Mutex::new(Vec::new());
             let next = AtomicUsize::new(0);
             // One log's write and fsync at a time; several threads share a
@@ -787,7 +831,6 @@ impl GroupCommit {
                     self.signal_budget_waiters();
                 }
             };
-            let helpers = logs.len().min(SYNC_THREADS_MAX) - 1;
             if helpers == 0 {
                 work();
             } else {

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, Config, SnapshotPolicy};
-use sluice_store::GroupCommit;
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
 use super::state_machine::GroupStateMachine;
 use super::transport::{read_index, reply_bytes, GroupEndpoint, GroupNetwork, Transport};
 use super::types::{Command, Raft};
+use super::wal::Wal;
 use super::wire::{ProposeRefusal, Request, Response};
 use super::{ConsensusError, ProposeError, StateMachine};
 use crate::link::Links;
@@ -102,14 +102,14 @@ impl GroupSettings {
 }
 
 /// The node's consensus: its links (None for a cluster of one), its
-/// group-commit thread, and the transport its groups share.
+/// write-ahead log, and the transport its groups share.
 pub struct ConsensusNode {
-    wal: Arc<GroupCommit>,
+    wal: Arc<Wal>,
     transport: Option<Arc<Transport>>,
 }
 
 impl ConsensusNode {
-    pub fn new(links: Option<Arc<Links>>, wal: Arc<GroupCommit>) -> Arc<ConsensusNode> {
+    pub fn new(links: Option<Arc<Links>>, wal: Arc<Wal>) -> Arc<ConsensusNode> {
         Arc::new(ConsensusNode {
             wal,
             transport: links.map(Transport::start),

@@ -1,10 +1,11 @@
 //! A group's Raft log on disk: a segment log whose records are entries and
 //! the markers that change what the log holds (truncated after an index,
-//! purged through one, committed through one). Appends go through the
-//! node's group-commit thread, which writes and fdatasyncs every log of a
-//! round at once; openraft hears an append is durable when that round has
-//! synced it. The vote lives in a file of its own, replaced atomically and
-//! durable before `save_vote` returns.
+//! purged through one, committed through one). Each record also goes to the
+//! node's write-ahead log ([`super::wal`]), and openraft hears an append is
+//! durable when the round that fdatasyncs the WAL has synced it; the group's
+//! segments are written by the same round without an fdatasync of their own.
+//! The vote lives in a file of its own, replaced atomically and durable
+//! before `save_vote` returns.
 //!
 //! Memory holds where each entry is, not the entry: a quorum queue's log
 //! carries its message bodies, and a deep queue's log is as large as the
@@ -17,7 +18,8 @@ use std::io;
 use std::io::Write;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::Bytes;
 use openraft::entry::RaftEntry;
@@ -25,11 +27,12 @@ use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sluice_store::group_commit::{GroupCommit, Location, LogBuffer, Sequence};
+use sluice_store::group_commit::{Location, LogBuffer, Sequence};
 use sluice_store::log::SegmentLog;
 use sluice_store::record::RECORD_HEADER_SIZE;
 
 use super::types::{Entry, LogId, TypeConfig, Vote};
+use super::wal::{Waiter, Wal};
 
 const KIND_ENTRY: u8 = 1;
 /// The log keeps entries through this index (None: none) and drops the rest.
@@ -181,9 +184,15 @@ impl LogContents {
 struct Shared {
     contents: Mutex<LogContents>,
     buffer: Arc<LogBuffer>,
-    wal: Arc<GroupCommit>,
-    /// Appends waiting for their round's fsync, in append order.
+    wal: Arc<Wal>,
+    /// The group's name in the WAL.
+    key: Vec<u8>,
+    /// Appends waiting for the WAL round that syncs them, in append order,
+    /// with their WAL sequence numbers.
     waiting: Mutex<VecDeque<(Sequence, IOFlushed<TypeConfig>)>>,
+    /// Calls `complete_synced`; handed to the WAL while appends wait.
+    waiter: OnceLock<Waiter>,
+    waiter_handed: AtomicBool,
     vote_path: PathBuf,
     vote: Mutex<Option<Vote>>,
 }
@@ -198,31 +207,52 @@ impl Shared {
     /// Tells openraft about every append its round made durable (or that
     /// will never be, when the log failed).
     fn complete_synced(&self) {
-        let failed = self.buffer.has_failed();
-        let mut waiting = lock(&self.waiting);
-        while let Some((sequence, _)) = waiting.front() {
-            if !failed && !self.buffer.is_synced(*sequence) {
-                break;
+        let mut handed = false;
+        loop {
+            let failed = self.wal.has_failed() || self.buffer.has_failed();
+            let mut waiting = lock(&self.waiting);
+            while let Some((sequence, _)) = waiting.front() {
+                if !failed && !self.wal.is_synced(*sequence) {
+                    break;
+                }
+                let (_, callback) = waiting.pop_front().expect("a front entry");
+                if failed {
+                    callback.io_completed(Err(io::Error::other("the raft log failed to write")));
+                } else {
+                    callback.io_completed(Ok(()));
+                }
             }
-            let (_, callback) = waiting.pop_front().expect("a front entry");
-            if failed {
-                callback.io_completed(Err(io::Error::other("the raft log failed to write")));
-            } else {
-                callback.io_completed(Ok(()));
+            if waiting.is_empty() || handed {
+                return;
             }
-        }
-        // A round that signals may have been one that took only earlier
-        // appends; the round that syncs those still waiting must signal too.
-        if !waiting.is_empty() {
-            self.buffer.request_written_signal();
+            drop(waiting);
+            // Appends still wait: the waiter goes to the WAL (unless it is
+            // there already), then one more look. A round that ends after
+            // this signals the waiter; one that ended before, and may have
+            // been the last for a while, is seen by the look.
+            if !self.waiter_handed.swap(true, Ordering::AcqRel) {
+                if let Some(waiter) = self.waiter.get() {
+                    self.wal.wait(Arc::clone(waiter));
+                }
+            }
+            handed = true;
         }
     }
 
-    /// Appends a record, durable with the next round.
+    /// Appends a record to the group's log and to the WAL: durable once
+    /// the WAL's returned sequence is synced. The group's log first, so a
+    /// WAL checkpoint that sees this record in the WAL finds it among the
+    /// group's appends too.
     fn append(&self, kind: u8, payload: &[u8]) -> io::Result<(Location, Sequence)> {
-        self.buffer
-            .append(&self.wal, kind, &[payload])
-            .ok_or_else(failed_log)
+        let (location, _) = self
+            .buffer
+            .append_unsynced(self.wal.group_commit(), kind, &[payload])
+            .ok_or_else(failed_log)?;
+        let sequence = self
+            .wal
+            .append(&self.key, kind, payload)
+            .ok_or_else(failed_log)?;
+        Ok((location, sequence))
     }
 
     /// Reads an entry back from its record.
@@ -231,11 +261,12 @@ impl Shared {
         decode(&record.payload)
     }
 
-    /// Appends a record that needs no fsync of its own: written with the
-    /// next round, on disk with the next fsync of the log.
+    /// Appends a record that needs no fsync of its own, to the group's
+    /// log alone: written with the next round, on disk with the next
+    /// checkpoint (a crash before it may lose it, which costs nothing).
     fn append_unsynced(&self, kind: u8, payload: &[u8]) -> io::Result<()> {
         self.buffer
-            .append_unsynced(&self.wal, kind, &[payload])
+            .append_unsynced(self.wal.group_commit(), kind, &[payload])
             .ok_or_else(failed_log)?;
         Ok(())
     }
@@ -249,7 +280,7 @@ pub struct LogStore {
 
 impl LogStore {
     /// Opens (or creates) the log in `dir` and replays it.
-    pub fn open(dir: &Path, wal: Arc<GroupCommit>) -> io::Result<LogStore> {
+    pub fn open(dir: &Path, wal: Arc<Wal>) -> io::Result<LogStore> {
         std::fs::create_dir_all(dir)?;
         let mut contents = LogContents::default();
         let mut replay_error = None;
@@ -276,17 +307,22 @@ impl LogStore {
             Err(error) => return Err(error),
         };
         let buffer = LogBuffer::new(log, SEGMENT_BYTES_MAX);
+        wal.register_log(&buffer);
         let shared = Arc::new(Shared {
             contents: Mutex::new(contents),
-            buffer: Arc::clone(&buffer),
+            buffer,
+            key: wal.key(dir),
             wal,
             waiting: Mutex::new(VecDeque::new()),
+            waiter: OnceLock::new(),
+            waiter_handed: AtomicBool::new(false),
             vote_path,
             vote: Mutex::new(vote),
         });
         let weak = Arc::downgrade(&shared);
-        buffer.set_written_signal(Box::new(move || {
+        let _ = shared.waiter.set(Arc::new(move || {
             if let Some(shared) = weak.upgrade() {
+                shared.waiter_handed.store(false, Ordering::Release);
                 shared.complete_synced();
             }
         }));
@@ -439,9 +475,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             None => callback.io_completed(Ok(())),
             Some(sequence) => {
                 lock(&self.shared.waiting).push_back((sequence, callback));
-                // Asked for before looking: a round that ends after the
-                // look signals, one that ended before it is seen by it.
-                self.shared.buffer.request_written_signal();
+                // A round that ended before this look is seen by it; one
+                // that ends after it signals the waiter it hands the WAL.
                 self.shared.complete_synced();
             }
         }
@@ -583,8 +618,10 @@ mod tests {
                 .unwrap()
                 .as_nanos()
         ));
-        let wal = GroupCommit::start(std::time::Duration::ZERO, |_, _| {});
-        let mut log = LogStore::open(&dir, Arc::clone(&wal)).unwrap();
+        let group_commit = sluice_store::GroupCommit::start(std::time::Duration::ZERO, |_, _| {});
+        let wal = Wal::open(&dir, Arc::clone(&group_commit)).unwrap();
+        let group_dir = dir.join("group");
+        let mut log = LogStore::open(&group_dir, Arc::clone(&wal)).unwrap();
         let (sender, receiver) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
         let flushed = IOFlushed::signal(sender);
         log.append((1..=3).map(|index| entry(1, index)), flushed)
@@ -603,7 +640,7 @@ mod tests {
             (1..=3).map(|index| entry(1, index)).collect::<Vec<_>>()
         );
         drop(log);
-        let mut reopened = LogStore::open(&dir, wal).unwrap();
+        let mut reopened = LogStore::open(&group_dir, wal).unwrap();
         assert_eq!(
             reopened.read_command(3).unwrap().as_deref(),
             Some(&[3u8; 3][..])
@@ -612,6 +649,7 @@ mod tests {
         let state = reopened.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id.map(|id| id.index), Some(3));
         drop(reopened);
+        group_commit.stop();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

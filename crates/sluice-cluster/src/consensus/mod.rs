@@ -3,9 +3,10 @@
 //! members; commands and replies are opaque bytes.
 //!
 //! - `types`: the openraft type configuration: commands, replies, node ids.
-//! - `log_store`: a group's log on disk, appended through the node's
-//!   group-commit thread (one fdatasync for every group's appends of a
-//!   round), with its vote in a file of its own.
+//! - `wal`: the node's write-ahead log: every group's appends, one
+//!   fdatasync a round for all of them.
+//! - `log_store`: a group's log on disk, written behind the WAL, with its
+//!   vote in a file of its own.
 //! - `state_machine`: the caller's state machine as openraft applies it,
 //!   and its snapshots on disk.
 //! - `wire`: what nodes send each other for consensus, encoded.
@@ -18,9 +19,11 @@ mod log_store;
 mod state_machine;
 mod transport;
 mod types;
+mod wal;
 mod wire;
 
 pub use group::{ConsensusNode, GroupSettings, RaftGroup};
+pub use wal::Wal;
 
 use std::time::Duration;
 
