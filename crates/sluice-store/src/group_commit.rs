@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,11 @@ struct Pending {
     needs_sync: bool,
     /// Appends that need the disk since the last round took the buffer.
     durable_appends: u64,
+    /// The log is in the sync thread's list for its next round.
+    marked: bool,
+    /// Bytes of a log with deferred writes appended since it was last
+    /// handed to a round.
+    deferred_bytes: u64,
 }
 
 /// The write side of one [`SegmentLog`]: a buffer of appends waiting for the
@@ -80,6 +85,9 @@ pub struct LogBuffer {
     written_signal: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Segments are zero-filled ahead of use.
     preallocates: bool,
+    /// Appends that need no fsync wait in memory until they fill
+    /// [`DEFERRED_WRITE_BYTES`] (see [`LogBuffer::with_deferred_writes`]).
+    defers_writes: bool,
     /// A helper thread is zero-filling; at most one per log at a time.
     preallocating: Arc<AtomicBool>,
     written_signal_requested: AtomicBool,
@@ -91,6 +99,8 @@ pub struct LogBuffer {
     retry_backoff: Mutex<Duration>,
     /// Whether any write ever failed: reading `lost` is needed only then.
     ever_lost: AtomicBool,
+    /// The node's count of deferred bytes, once this log deferred any.
+    deferred_total: OnceLock<Arc<AtomicU64>>,
     /// Segments written without an fsync since the last one: a log whose
     /// appends are made durable elsewhere (a Raft log behind the node's
     /// write-ahead log) syncs them with [`LogBuffer::sync_written`].
@@ -113,6 +123,7 @@ const PREALLOCATION_WAIT_MAX: Duration = Duration::from_secs(10);
 impl Drop for LogBuffer {
     fn drop(&mut self) {
         self.wait_for_preallocation();
+        self.forget_deferred();
     }
 }
 
@@ -125,6 +136,12 @@ const SYNC_THREADS_MAX: usize = 8;
 /// budget may resume (see [`GroupCommit::when_write_budget_drained`]).
 const BUDGET_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
+/// What a log with deferred writes gathers before a round writes it, and
+/// what all of them together may hold on a node: large writes instead of
+/// one per log and round, in a bounded amount of memory.
+const DEFERRED_WRITE_BYTES: u64 = 256 * 1024;
+const DEFERRED_TOTAL_MAX: u64 = 32 * 1024 * 1024;
+
 /// What the sync thread calls when a log's buffer was written out.
 pub type WrittenSignal = Box<dyn Fn() + Send + Sync>;
 
@@ -136,14 +153,24 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl LogBuffer {
     pub fn new(log: SegmentLog, segment_size_max: u64) -> Arc<Self> {
-        Self::build(log, segment_size_max, false)
+        Self::build(log, segment_size_max, false, false)
+    }
+
+    /// A log whose appends need no fsync of their own (a Raft log behind
+    /// the node's write-ahead log, which makes them durable): they stay in
+    /// memory, readable, until [`DEFERRED_WRITE_BYTES`] of them are there,
+    /// the node holds [`DEFERRED_TOTAL_MAX`] in such logs, or
+    /// [`LogBuffer::write_soon`] asks, and are then written in one go
+    /// instead of with every round.
+    pub fn with_deferred_writes(log: SegmentLog, segment_size_max: u64) -> Arc<Self> {
+        Self::build(log, segment_size_max, false, true)
     }
 
     /// A log whose segments are zero-filled ahead of use by a helper thread,
     /// so that appends overwrite instead of growing the file: for logs that
     /// fsync often (durable queues), where it makes each fdatasync cheaper.
     pub fn with_preallocation(log: SegmentLog, segment_size_max: u64) -> Arc<Self> {
-        let buffer = Self::build(log, segment_size_max, true);
+        let buffer = Self::build(log, segment_size_max, true, false);
         let (head, head_size) = {
             let pending = lock(&buffer.pending);
             (pending.head_segment, pending.head_size)
@@ -154,10 +181,16 @@ impl LogBuffer {
         buffer
     }
 
-    fn build(log: SegmentLog, segment_size_max: u64, preallocates: bool) -> Arc<Self> {
+    fn build(
+        log: SegmentLog,
+        segment_size_max: u64,
+        preallocates: bool,
+        defers_writes: bool,
+    ) -> Arc<Self> {
         let (head_segment, head_size) = log.head().unwrap_or((1, 0));
         Arc::new(LogBuffer {
             preallocates,
+            defers_writes,
             preallocating: Arc::new(AtomicBool::new(false)),
             dir: log.dir.clone(),
             unwritten_bytes: AtomicU64::new(0),
@@ -168,6 +201,7 @@ impl LogBuffer {
             retry_backoff: Mutex::new(RETRY_BACKOFF_MIN),
             ever_lost: AtomicBool::new(false),
             unsynced_segments: Mutex::new(std::collections::BTreeSet::new()),
+            deferred_total: OnceLock::new(),
             pending: Mutex::new(Pending {
                 writing: Vec::new(),
                 chunks: Vec::new(),
@@ -175,6 +209,8 @@ impl LogBuffer {
                 head_size,
                 next_sequence: 1,
                 needs_sync: false,
+                marked: false,
+                deferred_bytes: 0,
                 durable_appends: 0,
                 failed: false,
                 retry_at: None,
@@ -238,24 +274,46 @@ impl LogBuffer {
         let crossed_half = pending.head_size < half && pending.head_size + length as u64 >= half;
         let segment = pending.head_segment;
         let position = pending.head_size;
-        if pending.chunks.is_empty() {
-            group.mark_dirty(Arc::clone(self));
+        // Bytes a log with deferred writes keeps count as deferred, not as
+        // waiting for the disk, until the log is handed to a round.
+        if self.defers_writes && !pending.marked {
+            pending.deferred_bytes += length as u64;
+            group
+                .deferred_total
+                .fetch_add(length as u64, Ordering::Relaxed);
+            self.deferred_total
+                .get_or_init(|| Arc::clone(&group.deferred_total));
+        } else {
+            group
+                .unwritten_total
+                .fetch_add(length as u64, Ordering::Relaxed);
+        }
+        let due = !self.defers_writes
+            || needs_sync
+            || pending.deferred_bytes >= DEFERRED_WRITE_BYTES
+            || group.deferred_total.load(Ordering::Relaxed) >= DEFERRED_TOTAL_MAX;
+        if due {
+            self.mark(&mut pending, group);
         }
         match pending.chunks.last_mut() {
             Some((chunk_segment, _, bytes)) if *chunk_segment == segment => {
                 encode_record(bytes, kind, payload_parts)
             }
             _ => {
-                let mut bytes = BytesMut::with_capacity(length.max(64 * 1024));
+                // Sized for what a round (or a deferral) gathers, so that
+                // appends do not copy it over as it grows.
+                let capacity = if self.defers_writes {
+                    DEFERRED_WRITE_BYTES as usize + length
+                } else {
+                    length.max(64 * 1024)
+                };
+                let mut bytes = BytesMut::with_capacity(capacity);
                 encode_record(&mut bytes, kind, payload_parts);
                 pending.chunks.push((segment, position, bytes));
             }
         }
         pending.head_size += length as u64;
         self.unwritten_bytes
-            .fetch_add(length as u64, Ordering::Relaxed);
-        group
-            .unwritten_total
             .fetch_add(length as u64, Ordering::Relaxed);
         let sequence = pending.next_sequence;
         pending.next_sequence += 1;
@@ -271,6 +329,38 @@ impl LogBuffer {
             },
             sequence,
         ))
+    }
+
+    /// Takes what this log deferred out of the node's count (the log is
+    /// going): no round will write it.
+    fn forget_deferred(&self) {
+        let deferred = std::mem::take(&mut lock(&self.pending).deferred_bytes);
+        self.unwritten_bytes.fetch_sub(deferred, Ordering::Relaxed);
+        if let Some(total) = self.deferred_total.get() {
+            total.fetch_sub(deferred, Ordering::Relaxed);
+        }
+    }
+
+    /// Puts the log in the next round's list, once.
+    fn mark(self: &Arc<Self>, pending: &mut Pending, group: &GroupCommit) {
+        if pending.marked {
+            return;
+        }
+        pending.marked = true;
+        let deferred = std::mem::take(&mut pending.deferred_bytes);
+        group.deferred_total.fetch_sub(deferred, Ordering::Relaxed);
+        group.unwritten_total.fetch_add(deferred, Ordering::Relaxed);
+        group.mark_dirty(Arc::clone(self));
+    }
+
+    /// Has the next round write whatever this log holds unwritten (a log
+    /// with deferred writes keeps it otherwise); wait for
+    /// [`LogBuffer::last_sequence`] with [`LogBuffer::is_synced`].
+    pub fn write_soon(self: &Arc<Self>, group: &GroupCommit) {
+        let mut pending = lock(&self.pending);
+        if !pending.chunks.is_empty() {
+            self.mark(&mut pending, group);
+        }
     }
 
     /// Zero-fills the file of segment `id` on a helper thread, unless this
@@ -537,6 +627,7 @@ impl LogBuffer {
 
     /// Stops writing and deletes the log's files.
     pub fn destroy(&self) -> Result<(), StoreError> {
+        self.forget_deferred();
         let mut pending = lock(&self.pending);
         pending.destroyed = true;
         pending.chunks.clear();
@@ -569,6 +660,8 @@ impl LogBuffer {
         let stats = &group.stats;
         let (chunks, last_sequence, needs_sync, durable_appends) = {
             let mut pending = lock(&self.pending);
+            // Out of the list: the next append (or `write_soon`) puts it back.
+            pending.marked = false;
             if pending.destroyed {
                 // Its buffered appends were dropped with it.
                 group.forget_unwritten(self.unwritten_bytes.swap(0, Ordering::Relaxed));
@@ -681,6 +774,9 @@ pub struct GroupCommit {
     /// Called once `unwritten_total` is back to half the bound, for writers
     /// that paused over it.
     budget_waiters: Mutex<Vec<WrittenSignal>>,
+    /// Bytes logs with deferred writes hold and have not handed to a round
+    /// yet; past [`DEFERRED_TOTAL_MAX`], their appends are written at once.
+    deferred_total: Arc<AtomicU64>,
 }
 
 /// How many rounds have completed; readers compare it to know when to look
@@ -707,6 +803,7 @@ impl GroupCommit {
             unwritten_total: AtomicU64::new(0),
             unwritten_total_max: AtomicU64::new(u64::MAX),
             budget_waiters: Mutex::new(Vec::new()),
+            deferred_total: Arc::new(AtomicU64::new(0)),
         });
         let worker = Arc::clone(&group);
         let thread = crate::essential_thread::spawn("sluice-sync", move || worker.run(on_round));
@@ -918,6 +1015,52 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(index, found)| found.record.payload[0] == index as u8));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn deferred_writes_wait_in_memory_until_asked_or_large() {
+        let dir = crate::log::tests::temp_dir("deferred");
+        let (log, _) = SegmentLog::recover_all(&dir).unwrap();
+        let buffer = LogBuffer::with_deferred_writes(log, 64 * 1024 * 1024);
+        let group = GroupCommit::start(Duration::ZERO, |_, _| {});
+        let (location, sequence) = buffer.append_unsynced(&group, 1, &[b"first"]).unwrap();
+        // No round writes it, yet it reads back, and it counts as deferred,
+        // not as waiting for the disk.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!buffer.is_synced(sequence));
+        assert_eq!(&buffer.read(location).unwrap().payload[..], b"first");
+        assert!(group.deferred_total.load(Ordering::Relaxed) > 0);
+        assert_eq!(group.unwritten_total(), 0);
+        buffer.write_soon(&group);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !buffer.is_synced(sequence) {
+            assert!(Instant::now() < deadline, "write_soon wrote it");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(group.deferred_total.load(Ordering::Relaxed), 0);
+        assert_eq!(group.unwritten_total(), 0);
+        // Appends past the bound are handed to a round without being asked.
+        let payload = vec![7u8; 4096];
+        let mut last = 0;
+        for _ in 0..=(DEFERRED_WRITE_BYTES / 4096) {
+            last = buffer.append_unsynced(&group, 1, &[&payload]).unwrap().1;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !buffer.is_synced(last) {
+            assert!(Instant::now() < deadline, "a large deferral is written");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // None of them made a round fsync; `sync_written` does.
+        assert_eq!(group.stats.fsyncs.load(Ordering::Relaxed), 0);
+        buffer.sync_written().unwrap();
+        // A log dropped with deferred bytes leaves no count behind.
+        buffer.append_unsynced(&group, 1, &[b"dropped"]).unwrap();
+        drop(buffer);
+        assert_eq!(group.deferred_total.load(Ordering::Relaxed), 0);
+        group.stop();
+        let (_, records) = SegmentLog::recover_all(&dir).unwrap();
+        assert_eq!(records.len(), 2 + (DEFERRED_WRITE_BYTES / 4096) as usize);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -489,6 +489,9 @@ impl RaftGroup {
         if let Err(error) = self.raft.shutdown().await {
             tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
         }
+        // Its segments complete, as a log opened again in this process
+        // reads them (the WAL completes them only at the next start).
+        self.log.write_out().await;
     }
 }
 

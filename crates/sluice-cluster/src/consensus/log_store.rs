@@ -3,7 +3,8 @@
 //! purged through one, committed through one). Each record also goes to the
 //! node's write-ahead log ([`super::wal`]), and openraft hears an append is
 //! durable when the round that fdatasyncs the WAL has synced it; the group's
-//! segments are written by the same round without an fdatasync of their own.
+//! segments are written behind it, in large pieces, without an fdatasync
+//! of their own until a WAL checkpoint.
 //! The vote lives in a file of its own, replaced atomically and durable
 //! before `save_vote` returns.
 //!
@@ -51,10 +52,26 @@ const CACHE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 const VOTE_FILE: &str = "vote";
 
+/// How long closing a log waits for its last records to be written.
+const WRITE_OUT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = Vec::new();
+    encode_into(value, Vec::new())
+}
+
+/// Encodes into `bytes`, which the caller sized for the value: growing a
+/// buffer as large as a batch of messages would copy it several times.
+pub fn encode_into<T: Serialize>(value: &T, mut bytes: Vec<u8>) -> Vec<u8> {
     ciborium::into_writer(value, &mut bytes).expect("encoding into memory cannot fail");
     bytes
+}
+
+/// Room for an entry's encoding: its command and what surrounds it.
+pub fn entry_size_hint(entry: &Entry) -> usize {
+    64 + match &entry.payload {
+        EntryPayload::Normal(command) => command.0.len(),
+        _ => 256,
+    }
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
@@ -306,7 +323,7 @@ impl LogStore {
             Err(error) if error.kind() == io::ErrorKind::NotFound => None,
             Err(error) => return Err(error),
         };
-        let buffer = LogBuffer::new(log, SEGMENT_BYTES_MAX);
+        let buffer = LogBuffer::with_deferred_writes(log, SEGMENT_BYTES_MAX);
         wal.register_log(&buffer);
         let shared = Arc::new(Shared {
             contents: Mutex::new(contents),
@@ -327,6 +344,22 @@ impl LogStore {
             }
         }));
         Ok(LogStore { shared })
+    }
+
+    /// Has what the group's segments do not hold yet written to them, and
+    /// waits for it (within [`WRITE_OUT_WAIT_MAX`]).
+    pub async fn write_out(&self) {
+        let buffer = &self.shared.buffer;
+        let appended = buffer.last_sequence();
+        buffer.write_soon(self.shared.wal.group_commit());
+        let deadline = tokio::time::Instant::now() + WRITE_OUT_WAIT_MAX;
+        while !buffer.is_synced(appended) && !buffer.has_failed() {
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!(dir = %buffer.dir().display(), "a raft log's last records were not written in time; the write-ahead log has them for the next start");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 
     /// Entries through `index` were applied here: they leave the cache.
@@ -466,7 +499,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut contents = lock(&self.shared.contents);
             for entry in entries {
-                let (location, sequence) = self.shared.append(KIND_ENTRY, &encode(&entry))?;
+                let (location, sequence) = self.shared.append(
+                    KIND_ENTRY,
+                    &encode_into(&entry, Vec::with_capacity(entry_size_hint(&entry))),
+                )?;
                 contents.insert(entry, location, true);
                 last_sequence = Some(sequence);
             }
@@ -639,6 +675,7 @@ mod tests {
             read,
             (1..=3).map(|index| entry(1, index)).collect::<Vec<_>>()
         );
+        log.write_out().await;
         drop(log);
         let mut reopened = LogStore::open(&group_dir, wal).unwrap();
         assert_eq!(

@@ -18,7 +18,7 @@ use openraft::raft::{
 use openraft::{BasicNode, OptionalSend, RaftNetworkV2, ReadPolicy};
 use tokio::sync::{oneshot, Semaphore};
 
-use super::log_store::{decode, encode};
+use super::log_store::{decode, encode_into};
 use super::types::{Command, Raft, TypeConfig, Vote};
 use super::wire::{fragments, Message, ProposeRefusal, Reassembly, Request, Response};
 use super::CONSENSUS_CHANNEL;
@@ -143,7 +143,8 @@ impl Transport {
             return Err(TransportError::Unreachable(peer.to_string()));
         };
         let message_id = self.next_message.fetch_add(1, Ordering::Relaxed);
-        for piece in fragments(message_id, &encode(message)) {
+        let encoded = encode_into(message, Vec::with_capacity(message.size_hint()));
+        for piece in fragments(message_id, &encoded) {
             links
                 .send(peer, CONSENSUS_CHANNEL, piece)
                 .await

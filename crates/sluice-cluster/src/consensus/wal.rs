@@ -6,10 +6,13 @@
 //! round costs one fdatasync however many groups appended in it, where one
 //! per group's log would cost as many as there are busy queues.
 //!
-//! The group's segments are what it reads back and what survives the WAL:
-//! when the WAL has grown by a few segments, a checkpoint waits until every
-//! group's records from before it are written, fdatasyncs the groups'
-//! segments, and deletes the WAL's older segments. At start, whatever the
+//! The group's segments are what it reads back and what survives the WAL.
+//! They are written in large pieces, not every round: a group's records
+//! wait in memory (readable) until a few hundred KiB of them are there
+//! ([`LogBuffer::with_deferred_writes`]). When the WAL has grown by a few
+//! segments, a checkpoint has every group's records from before it
+//! written, fdatasyncs the groups' segments, and deletes the WAL's older
+//! segments. At start, whatever the
 //! WAL still holds is appended again to the groups' segments (replaying a
 //! record twice leaves a log as once: an entry replaces what followed its
 //! index) and synced before the WAL is emptied.
@@ -199,6 +202,7 @@ impl Wal {
         let deadline = Instant::now() + CHECKPOINT_WAIT_MAX;
         for log in logs {
             let appended = log.last_sequence();
+            log.write_soon(&self.group_commit);
             while !log.is_synced(appended) {
                 if log.has_failed() {
                     return Err(format!(
@@ -461,6 +465,8 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        first.write_out().await;
+        second.write_out().await;
         drop((first, second));
         drop(wal);
         group_commit.stop();

@@ -10,6 +10,7 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::log_store::entry_size_hint;
 use super::types::{SnapshotMeta, TypeConfig, Vote};
 use crate::link::FRAME_PAYLOAD_BYTES_MAX;
 
@@ -24,6 +25,26 @@ pub enum Message {
         id: u64,
         response: Response,
     },
+}
+
+impl Message {
+    /// Room for its encoding: the entries, snapshot or proposal it carries
+    /// and what surrounds them.
+    pub fn size_hint(&self) -> usize {
+        let carried = match self {
+            Message::Request { request, .. } => match request {
+                Request::Append(append) => append.entries.iter().map(entry_size_hint).sum(),
+                Request::Snapshot { data, .. } => data.len(),
+                Request::Propose(proposal) => proposal.len(),
+                Request::Vote(_) | Request::ReadIndex => 0,
+            },
+            Message::Response { response, .. } => match response {
+                Response::Proposed(Ok((reply, _))) => reply.len(),
+                _ => 0,
+            },
+        };
+        256 + carried
+    }
 }
 
 #[derive(Serialize, Deserialize)]

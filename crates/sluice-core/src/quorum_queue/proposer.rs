@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use super::command::{Command, Reply};
-use super::entry::{decode, encode, Batch, BatchReply, Item};
+use super::entry::{decode, Batch, BatchReply, Item};
 use super::replication::ReplicatedLog;
 use crate::confirm::ForwardedConfirm;
 
@@ -195,10 +195,11 @@ impl Proposer {
             let applied_here = items
                 .iter()
                 .any(|item| matches!(item, Item::Machine(Command::Dequeue { .. })));
-            let entry = encode(&Batch {
+            let entry = Batch {
                 time_ms: wall_ms(),
                 items,
-            });
+            }
+            .encode();
             let started = Instant::now();
             let outcome = loop {
                 match log.propose(entry.clone(), applied_here).await {

@@ -26,7 +26,7 @@ use super::command::{
     Reply,
 };
 use super::dead_lettering::death_reason;
-use super::entry::{decode, encode, encode_message, Batch, BatchReply, Item, ITEM_BITS};
+use super::entry::{encode, encode_message, Batch, BatchReply, Item, ITEM_BITS};
 use super::machine::{QueueMachine, NODE_SHIFT};
 use super::member::{
     message_id, split_message_id, with_delivery_count, LocalConsumer, Member, Parked, GET_SLOT,
@@ -248,7 +248,7 @@ fn read_bodies(log: &dyn ReplicatedLog, indexes: &[u64]) -> Result<ReadBack, Str
     let mut missing = Vec::new();
     for (entry_index, wanted) in by_entry {
         let mut batch = match log.read_entry(entry_index)? {
-            Some(bytes) => Some(decode::<Batch>(&bytes)?),
+            Some(bytes) => Some(Batch::decode(&bytes)?),
             None => None,
         };
         for index in wanted {
@@ -370,7 +370,7 @@ impl QuorumQueue {
     /// Applies the committed entry at `index`: every member runs this for
     /// every entry, in order.
     fn apply_entry(&self, index: u64, bytes: &[u8]) -> Bytes {
-        let batch: Batch = match decode(bytes) {
+        let batch = match Batch::decode(bytes) {
             Ok(batch) => batch,
             Err(error) => {
                 tracing::error!(queue = %self.name, vhost = %self.vhost, index, %error, "undecodable quorum queue entry");
