@@ -765,10 +765,6 @@ pub struct GroupCommit {
     /// Rounds start at most this often: a longer interval gathers more
     /// appends into each fsync, for disks where an fsync is expensive.
     sync_interval: Duration,
-    /// For a paced group: a round starts no sooner than this many times
-    /// the last round's duration after it, within `pace_max`.
-    pace_factor: u32,
-    pace_max: Duration,
     /// Bytes appended to any log and not yet written: the node's memory
     /// waiting on its disk.
     unwritten_total: AtomicU64,
@@ -796,36 +792,27 @@ impl GroupCommit {
         sync_interval: Duration,
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
-        Self::spawn("sluice-sync", sync_interval, (0, Duration::ZERO), on_round)
+        Self::spawn("sluice-sync", sync_interval, on_round)
     }
 
-    /// Starts a sync thread named `name` whose rounds keep it busy at most
-    /// one part in `factor + 1` of the time: after a round of duration d,
-    /// the next starts `factor × d` later at the earliest, never more than
-    /// `pace_max` later. A round costs about the same however much it
-    /// writes, so on a machine short of CPU, where rounds take longer, the
-    /// pause grows with them and each fsync covers more; on an idle one,
-    /// rounds are quick and so are the pauses.
-    pub fn start_paced(
+    /// Starts a sync thread named `name` (a log that wants rounds of its
+    /// own, apart from the node's).
+    pub fn start_named(
         name: &str,
-        factor: u32,
-        pace_max: Duration,
+        sync_interval: Duration,
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
-        Self::spawn(name, Duration::ZERO, (factor, pace_max), on_round)
+        Self::spawn(name, sync_interval, on_round)
     }
 
     fn spawn(
         name: &str,
         sync_interval: Duration,
-        (pace_factor, pace_max): (u32, Duration),
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
         let group = Arc::new(GroupCommit {
             stats: SyncStats::default(),
             sync_interval,
-            pace_factor,
-            pace_max,
             dirty: Mutex::new(Vec::new()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -905,14 +892,10 @@ impl GroupCommit {
 
     fn run(&self, on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>])) {
         let mut round_started = Instant::now();
-        let mut round_took = Duration::ZERO;
         loop {
             let since_last = round_started.elapsed();
-            let interval = self
-                .sync_interval
-                .max((round_took * self.pace_factor).min(self.pace_max));
-            if since_last < interval && !self.stop.load(Ordering::Acquire) {
-                std::thread::sleep(interval - since_last);
+            if since_last < self.sync_interval && !self.stop.load(Ordering::Acquire) {
+                std::thread::sleep(self.sync_interval - since_last);
             }
             let mut logs = {
                 let mut dirty = lock(&self.dirty);
@@ -977,7 +960,6 @@ impl GroupCommit {
                 .into_inner()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
-            round_took = round_started.elapsed();
             on_round(round, &failed);
         }
     }

@@ -55,15 +55,6 @@ const SEGMENTS_BEFORE_CHECKPOINT: u64 = 2;
 const CHECKPOINT_POLL: Duration = Duration::from_millis(5);
 const CHECKPOINT_WAIT_MAX: Duration = Duration::from_secs(60);
 
-/// The WAL's own sync thread is busy at most one part in
-/// `WAL_PACE_FACTOR + 1` of the time, pausing at most `WAL_PACE_MAX`
-/// between rounds (see `GroupCommit::start_paced`): an fdatasync costs
-/// about 90 µs of CPU on the machines measured, and under load a round
-/// that gathers a few milliseconds of every group's appends makes each
-/// Raft round trip carry more messages, which is what the CPU goes to.
-const WAL_PACE_FACTOR: u32 = 10;
-const WAL_PACE_MAX: Duration = Duration::from_millis(5);
-
 /// Replayed records are written to a group's segment in chunks this large.
 const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
 
@@ -84,7 +75,7 @@ fn store_error(error: sluice_store::StoreError) -> io::Error {
 pub struct Wal {
     root: PathBuf,
     buffer: Arc<LogBuffer>,
-    /// The WAL's sync thread, its own: paced, unlike the node's.
+    /// The WAL's sync thread, its own.
     syncing: Arc<GroupCommit>,
     /// The node's sync thread, which writes the groups' own logs.
     group_commit: Arc<GroupCommit>,
@@ -110,8 +101,8 @@ impl Wal {
         replay(root, &dir)?;
         let log = SegmentLog::recover(&dir, |_| {}).map_err(store_error)?;
         let buffer = LogBuffer::with_preallocation(log, SEGMENT_BYTES_MAX);
-        let syncing =
-            GroupCommit::start_paced("sluice-wal", WAL_PACE_FACTOR, WAL_PACE_MAX, |_, _| {});
+        // Its own sync thread: its rounds wait for no queue journal's fsync.
+        let syncing = GroupCommit::start_named("sluice-wal", Duration::ZERO, |_, _| {});
         let wal = Arc::new(Wal {
             syncing,
             root: root.to_path_buf(),
