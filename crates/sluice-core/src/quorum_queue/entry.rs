@@ -92,10 +92,14 @@ impl Batch {
                     out.put_slice(message);
                 }
                 Item::Machine(command) => {
+                    // Encoded in place, its length written over once known.
                     out.put_u8(ITEM_MACHINE);
-                    let command = encode(command);
-                    out.put_u32(command.len() as u32);
-                    out.put_slice(&command);
+                    let length_at = out.len();
+                    out.put_u32(0);
+                    ciborium::into_writer(command, (&mut out).writer())
+                        .expect("encoding into memory cannot fail");
+                    let length = (out.len() - length_at - 4) as u32;
+                    out[length_at..length_at + 4].copy_from_slice(&length.to_be_bytes());
                 }
             }
         }
