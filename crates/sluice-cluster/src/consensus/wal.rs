@@ -252,8 +252,12 @@ struct ReplayTarget {
 impl ReplayTarget {
     /// The log of the group in `dir`; None when the directory is gone.
     fn open(dir: &Path) -> io::Result<Option<ReplayTarget>> {
-        if !dir.is_dir() {
-            return Ok(None);
+        // Only a directory that is not there is a deleted queue: any other
+        // error stops the start, so that no record is dropped for it.
+        match std::fs::metadata(dir) {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+            Ok(_) => {}
         }
         let log = SegmentLog::recover(&dir.join("log"), |_| {}).map_err(store_error)?;
         let head = log.head().map_or(1, |(id, _)| id);
