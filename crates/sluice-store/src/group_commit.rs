@@ -969,6 +969,12 @@ impl GroupCommit {
         self.stop.store(true, Ordering::Release);
         self.wake.notify_all();
         if let Some(thread) = lock(&self.thread).take() {
+            // The last owner may let go on the sync thread itself (a signal
+            // it runs holds a reference for a moment): that thread sees the
+            // stop flag once its round ends and cannot wait for itself.
+            if thread.thread().id() == std::thread::current().id() {
+                return;
+            }
             let _ = thread.join();
             let fsyncs = self.stats.fsyncs.load(Ordering::Relaxed);
             let durable_appends = self.stats.durable_appends.load(Ordering::Relaxed);
@@ -986,6 +992,32 @@ impl GroupCommit {
 mod tests {
     use super::*;
     use std::sync::mpsc;
+
+    #[test]
+    fn group_commit_stopped_from_its_own_sync_thread_ends_that_thread() {
+        // A written signal may hold the last reference to its WAL, whose
+        // drop stops the sync thread the signal runs on.
+        let dir = crate::log::tests::temp_dir("group-self-stop");
+        let (log, _) = SegmentLog::recover_all(&dir).unwrap();
+        let buffer = LogBuffer::new(log, 4096);
+        let group = GroupCommit::start(Duration::ZERO, |_, _| {});
+        let (stopped_sender, stopped) = mpsc::channel();
+        let owner = Mutex::new(Some(Arc::clone(&group)));
+        buffer.set_written_signal(Box::new(move || {
+            if let Some(group) = lock(&owner).take() {
+                group.stop();
+                let _ = stopped_sender.send(());
+            }
+        }));
+        buffer.request_written_signal();
+        let (_, sequence) = buffer.append(&group, 1, &[b"last words"]).unwrap();
+        stopped
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the signal ran and stop returned on the sync thread");
+        assert!(buffer.is_synced(sequence));
+        let sync_thread = lock(&group.thread).take();
+        assert!(sync_thread.is_none(), "stop took the thread's handle");
+    }
 
     #[test]
     fn group_commit_syncs_appends_and_reads_them_back() {

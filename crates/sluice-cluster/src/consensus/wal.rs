@@ -81,8 +81,9 @@ pub struct Wal {
     group_commit: Arc<GroupCommit>,
     /// The groups' own logs, synced at each checkpoint.
     logs: Mutex<Vec<Weak<LogBuffer>>>,
-    /// Groups waiting for a round to sync their appends.
-    waiters: Mutex<Vec<Waiter>>,
+    /// Groups waiting for a round to sync their appends. Shared with the
+    /// WAL's written signal, which so never holds the WAL itself.
+    waiters: Arc<Mutex<Vec<Waiter>>>,
     checkpointing: AtomicBool,
     /// The oldest segment the WAL holds.
     first_segment: AtomicU64,
@@ -103,6 +104,7 @@ impl Wal {
         let buffer = LogBuffer::with_preallocation(log, SEGMENT_BYTES_MAX);
         // Its own sync thread: its rounds wait for no queue journal's fsync.
         let syncing = GroupCommit::start_named("sluice-wal", Duration::ZERO, |_, _| {});
+        let waiters: Arc<Mutex<Vec<Waiter>>> = Arc::default();
         let wal = Arc::new(Wal {
             syncing,
             root: root.to_path_buf(),
@@ -110,16 +112,13 @@ impl Wal {
             buffer: Arc::clone(&buffer),
             group_commit,
             logs: Mutex::new(Vec::new()),
-            waiters: Mutex::new(Vec::new()),
+            waiters: Arc::clone(&waiters),
             checkpointing: AtomicBool::new(false),
         });
-        let weak = Arc::downgrade(&wal);
         buffer.set_written_signal(Box::new(move || {
-            if let Some(wal) = weak.upgrade() {
-                let waiters = std::mem::take(&mut *lock(&wal.waiters));
-                for waiter in waiters {
-                    waiter();
-                }
+            let waiting = std::mem::take(&mut *lock(&waiters));
+            for waiter in waiting {
+                waiter();
             }
         }));
         Ok(wal)
