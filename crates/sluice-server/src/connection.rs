@@ -23,9 +23,11 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::alarm::Alarms;
-use crate::channel::{Channel, PendingChange};
+use crate::bodies_under_way::BodiesUnderWay;
+use crate::channel::{requeue_in_slices, Channel, PendingChange};
 use crate::connection_context::ConnectionContext;
 use crate::connection_registry::{ConnectionRegistry, Registration};
+use crate::delivery::Unacked;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, HandshakeError, Negotiated};
 use crate::in_flight::InFlightBytes;
@@ -75,6 +77,11 @@ pub struct Connection {
     alarms: watch::Receiver<Alarms>,
     /// Whether the frames handled since the last alarm check held a publish.
     published_since_alarm_check: bool,
+    /// Whether a channel's large body waits for room among the node's
+    /// bodies under way.
+    body_room_wanted: bool,
+    /// Channels closed with the connection, not yet done with.
+    releasing: Option<Releasing>,
     /// Publishes handled in the current batch. At `publish_credit` the batch
     /// ends, even with frames still buffered: the reader checks its queues'
     /// congestion and the alarms, and lets other connections run.
@@ -88,6 +95,14 @@ pub struct Connection {
     consumer_timeout: Option<(Duration, tokio::time::Instant)>,
 }
 
+/// Channels closed with their connection: their unacked messages go back
+/// to their queues before their consumers go.
+#[derive(Default)]
+struct Releasing {
+    channels: Vec<Channel>,
+    unacked: Vec<Unacked>,
+}
+
 /// What holds a connection back besides its own queues, and where it says
 /// so: the resource alarms, and the registry that lists its state.
 #[derive(Clone)]
@@ -96,6 +111,8 @@ pub struct ResourceThrottle {
     pub registry: Arc<ConnectionRegistry>,
     /// Bytes buffered for consumers across all connections.
     pub in_flight: Arc<InFlightBytes>,
+    /// Large message bodies being read across all connections.
+    pub bodies_under_way: Arc<BodiesUnderWay>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -112,6 +129,7 @@ pub async fn serve(
         alarms,
         registry,
         in_flight,
+        bodies_under_way,
     } = throttle;
     let _ = stream.set_nodelay(settings.nodelay);
     let (read_half, mut write_half) = stream.into_split();
@@ -152,6 +170,7 @@ pub async fn serve(
             max_message_size: settings.max_message_size,
             client_capabilities: negotiated.client_capabilities,
             stats,
+            bodies_under_way,
         },
         peer,
         channels: HashMap::new(),
@@ -163,6 +182,8 @@ pub async fn serve(
         congested_queues: Vec::new(),
         alarms,
         published_since_alarm_check: false,
+        body_room_wanted: false,
+        releasing: None,
         publishes_in_batch: 0,
         publish_credit: settings.publish_credit,
         registration,
@@ -187,7 +208,7 @@ pub async fn serve(
             0,
         );
     }
-    connection.release();
+    connection.release().await;
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
     linger_until_client_closes(&mut reader, &mut shutdown).await;
@@ -405,10 +426,16 @@ impl Connection {
             };
             self.flush_confirms();
             drop(wake_batch);
+            // A close started by these frames: what its channels held goes
+            // back now, not once the client's close-ok arrives.
+            self.finish_releasing().await;
             if !self.wait_while_congested(shutdown).await {
                 continue;
             }
             if !self.wait_while_alarmed(shutdown).await {
+                continue;
+            }
+            if !self.wait_for_room_for_bodies(shutdown).await {
                 continue;
             }
             self.context.outbox.wait_below_reader_pause().await;
@@ -660,6 +687,46 @@ impl Connection {
     /// only acks keeps being read. Clients that advertised the capability
     /// hear connection.blocked and connection.unblocked. Returns false when
     /// shutdown started a close during the wait.
+    /// A large body whose header found no room among the node's bodies
+    /// under way (see `bodies_under_way`) is not read until it has room:
+    /// the connection is not read meanwhile, as under an alarm, but its
+    /// confirms go on. Returns false when shutdown started a close during
+    /// the wait.
+    async fn wait_for_room_for_bodies(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        if !std::mem::take(&mut self.body_room_wanted) || self.closing {
+            return true;
+        }
+        let bodies = Arc::clone(&self.context.bodies_under_way);
+        let waiting: Vec<(u16, u64)> = self
+            .channels
+            .iter()
+            .filter_map(|(id, channel)| channel.body_room_wanted().map(|bytes| (*id, bytes)))
+            .collect();
+        for (channel_id, bytes) in waiting {
+            tracing::debug!(peer = %self.peer, connection_id = self.context.connection_id, channel_id, bytes, "a large body waits for room among the bodies under way");
+            let reservation = loop {
+                tokio::select! {
+                    reservation = bodies.reserve(bytes) => break reservation,
+                    _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                        self.flush_waiting_confirms();
+                    }
+                    _ = shutdown.changed() => {
+                        self.start_close(
+                            &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                            0,
+                            0,
+                        );
+                        return false;
+                    }
+                }
+            };
+            if let Some(channel) = self.channels.get_mut(&channel_id) {
+                channel.take_body_room(reservation);
+            }
+        }
+        true
+    }
+
     async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
         let published = std::mem::take(&mut self.published_since_alarm_check);
         let alarms = *self.alarms.borrow();
@@ -934,10 +1001,12 @@ impl Connection {
             return Flow::Continue;
         }
         let result = if frame.frame_type == FrameType::Header {
-            match decode_content_header(&frame.payload) {
+            let handled = match decode_content_header(&frame.payload) {
                 Ok(header) => channel.handle_content_header(&self.context, header),
                 Err(error) => Err(AmqpError::frame_error(error.to_string())),
-            }
+            };
+            self.body_room_wanted |= channel.body_room_wanted().is_some();
+            handled
         } else {
             channel.handle_content_body(&self.context, frame.payload)
         };
@@ -1053,17 +1122,38 @@ impl Connection {
         }
     }
 
+    /// Closes every channel: each stops taking deliveries before any message
+    /// is requeued, or one channel's messages would go to another channel of
+    /// this connection and come back at its release, once more per channel.
+    /// The requeue itself, and what follows it, is [`Self::finish_releasing`].
     fn release_channels(&mut self) {
-        for channel in self.channels.values_mut() {
-            channel.release(&self.context);
+        let releasing = self.releasing.get_or_insert_with(Default::default);
+        for (_, mut channel) in self.channels.drain() {
+            releasing
+                .unacked
+                .extend(channel.close_deliveries(&self.context));
+            releasing.channels.push(channel);
         }
-        self.channels.clear();
+    }
+
+    /// Requeues what the channels closed by [`Self::release_channels`] held,
+    /// in slices that let other connections run, then cancels their
+    /// consumers.
+    async fn finish_releasing(&mut self) {
+        let Some(Releasing { channels, unacked }) = self.releasing.take() else {
+            return;
+        };
+        requeue_in_slices(unacked).await;
+        for mut channel in channels {
+            channel.finish_release(&self.context);
+        }
         self.refresh_consumer_queues();
     }
 
     /// The connection is gone: channels released, exclusive queues deleted.
-    fn release(&mut self) {
+    async fn release(&mut self) {
         self.release_channels();
+        self.finish_releasing().await;
         self.context
             .vhost
             .remove_exclusive_queues(self.context.connection_id);

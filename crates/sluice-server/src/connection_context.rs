@@ -7,6 +7,7 @@ use sluice_core::broker::Broker;
 use sluice_core::queue::ConnectionId;
 use sluice_core::vhost::VirtualHost;
 
+use crate::bodies_under_way::BodiesUnderWay;
 use crate::connection_registry::ConnectionStats;
 use crate::outbox::Outbox;
 
@@ -29,4 +30,6 @@ pub struct ConnectionContext {
     pub client_capabilities: ClientCapabilities,
     /// The connection's byte counts and its channels' message counters.
     pub stats: Arc<ConnectionStats>,
+    /// The node's bound on message bodies under way.
+    pub bodies_under_way: Arc<BodiesUnderWay>,
 }

@@ -20,6 +20,7 @@
 //! - [`limits`]: every bound on a buffer or queue, in one place.
 
 pub mod alarm;
+pub mod bodies_under_way;
 pub mod channel;
 pub mod cluster_alarms;
 pub mod cluster_config;

@@ -36,6 +36,17 @@ pub const OUTBOX_READER_PAUSE_BYTES: usize = 4 * 1024 * 1024;
 /// of uncommitted bodies the channel is closed with PRECONDITION_FAILED.
 pub const TX_UNCOMMITTED_BYTES_MAX: usize = 256 * 1024 * 1024;
 
+/// Bodies under way (announced by their content header, not yet whole) may
+/// hold this share of the memory watermark across the node: room for
+/// several large messages at once, with most of the watermark left for
+/// queues (see `bodies_under_way`).
+pub const BODIES_UNDER_WAY_WATERMARK_DIVISOR: u64 = 4;
+
+/// A closing connection's unacked messages go back to each queue in slices
+/// of at most this many (see `requeue_in_slices`). Each slice is one merge
+/// into the queue's ready messages, a few milliseconds under its lock.
+pub const REQUEUE_SLICE_MAX: usize = 65_536;
+
 /// A peer that does not answer our connection.close within this time is
 /// disconnected anyway.
 pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::alarm::AlarmMonitor;
+use crate::bodies_under_way::BodiesUnderWay;
 use crate::cluster_alarms;
 use crate::cluster_config::Membership;
 use crate::config::Config;
@@ -29,6 +30,7 @@ use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
 use crate::forwarding::NodeForwarding;
 use crate::in_flight::InFlightBytes;
+use crate::limits::BODIES_UNDER_WAY_WATERMARK_DIVISOR;
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
@@ -226,6 +228,9 @@ pub async fn start_with_cluster_listener(
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
+    let bodies_under_way = BodiesUnderWay::new(
+        alarm_monitor.limits().memory_watermark_bytes / BODIES_UNDER_WAY_WATERMARK_DIVISOR,
+    );
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
     let task = tokio::spawn(accept_loop(
         listener,
@@ -237,6 +242,7 @@ pub async fn start_with_cluster_listener(
             alarms,
             registry: Arc::clone(&connections),
             in_flight: Arc::clone(&in_flight),
+            bodies_under_way,
         },
     ));
     Ok(RunningServer {

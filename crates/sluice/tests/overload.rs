@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use futures_lite::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
@@ -26,13 +26,9 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use sluice_wire::amq_protocol::protocol::{basic, channel, connection, AMQPClass};
-use sluice_wire::amq_protocol::types::{FieldTable as WireTable, LongString};
-use sluice_wire::encode::encode_control;
-use sluice_wire::frame::{split_frame, FrameType, FRAME_END, PROTOCOL_HEADER};
+use support::raw::{publish, RawConnection};
 use support::{connect, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The broker's memory watermark in these tests. Flow control should keep the broker far
 /// below it; the alarm is the backstop, and would block the probe's publish if it fired.
@@ -111,101 +107,18 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn method(out: &mut BytesMut, channel_id: u16, class: AMQPClass) {
-    encode_control(out, channel_id, &class);
-}
-
-fn frame(out: &mut BytesMut, frame_type: FrameType, channel_id: u16, payload: &[u8]) {
-    out.put_u8(frame_type as u8);
-    out.put_u16(channel_id);
-    out.put_u32(payload.len() as u32);
-    out.put_slice(payload);
-    out.put_u8(FRAME_END);
-}
-
-/// Reads until one whole frame is buffered, discarding it.
-async fn skip_frame(stream: &mut TcpStream, buffer: &mut BytesMut) {
-    loop {
-        if split_frame(buffer, 131_072)
-            .expect("well-formed frames")
-            .is_some()
-        {
-            return;
-        }
-        assert!(stream.read_buf(buffer).await.unwrap() > 0, "broker hung up");
-    }
-}
-
-/// A publisher that speaks just enough AMQP to open a channel, then writes `batch`
-/// (publishes to its queue) over and over. Heartbeats are off, so the broker
-/// sends it nothing but a possible connection.blocked; a task reads and drops that.
+/// A publisher that opens a channel, then writes `batch` (publishes to its
+/// queue) over and over. Heartbeats are off, so the broker sends it nothing
+/// but a possible connection.blocked; a task reads and drops that.
 async fn flood(port: u16, queue: String, sent: Arc<AtomicU64>, flooding: Arc<AtomicU64>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let mut inbound = BytesMut::new();
-    stream.write_all(&PROTOCOL_HEADER).await.unwrap();
-    skip_frame(&mut stream, &mut inbound).await; // connection.start
-    let mut out = BytesMut::new();
-    method(
-        &mut out,
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-            client_properties: WireTable::default(),
-            mechanism: "PLAIN".into(),
-            response: LongString::from(b"\0guest\0guest".to_vec()),
-            locale: "en_US".into(),
-        })),
-    );
-    stream.write_all(&out).await.unwrap();
-    skip_frame(&mut stream, &mut inbound).await; // connection.tune
-    out.clear();
-    method(
-        &mut out,
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
-            channel_max: 16,
-            frame_max: 131_072,
-            heartbeat: 0,
-        })),
-    );
-    method(
-        &mut out,
-        0,
-        AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        })),
-    );
-    method(
-        &mut out,
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-    );
-    stream.write_all(&out).await.unwrap();
-    skip_frame(&mut stream, &mut inbound).await; // connection.open-ok
-    skip_frame(&mut stream, &mut inbound).await; // channel.open-ok
-
+    let publisher = RawConnection::open(port, 1).await;
     let mut batch = BytesMut::new();
-    let mut header = BytesMut::new();
-    header.put_u16(60);
-    header.put_u16(0);
-    header.put_u64(BODY_BYTES as u64);
-    header.put_u16(0);
     let body = vec![b'x'; BODY_BYTES];
     const PUBLISHES_PER_BATCH: u64 = 32;
     for _ in 0..PUBLISHES_PER_BATCH {
-        method(
-            &mut batch,
-            1,
-            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-                exchange: "".into(),
-                routing_key: queue.as_str().into(),
-                mandatory: false,
-                immediate: false,
-            })),
-        );
-        frame(&mut batch, FrameType::Header, 1, &header);
-        frame(&mut batch, FrameType::Body, 1, &body);
+        publish(&mut batch, 1, &queue, &body);
     }
-    let (mut read_half, mut write_half) = stream.into_split();
+    let (mut read_half, mut write_half) = publisher.stream.into_split();
     flooding.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         let mut sink = vec![0u8; 4096];

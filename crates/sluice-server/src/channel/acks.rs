@@ -10,6 +10,7 @@ use sluice_wire::method::{Ack, Nack, Reject};
 
 use super::{Channel, TxOperation};
 use crate::delivery::Unacked;
+use crate::limits::REQUEUE_SLICE_MAX;
 
 impl Channel {
     pub fn handle_ack(&mut self, ack: Ack) -> AmqpResult<()> {
@@ -146,6 +147,31 @@ pub(super) fn settle_by_queue(
 
 /// Requeued messages, handed back per queue in their original order.
 pub(super) fn requeue_by_queue(requeued: impl IntoIterator<Item = Unacked>) {
+    for (queue, ids) in group_by_queue(requeued) {
+        queue.requeue(&ids);
+    }
+}
+
+/// Messages a closing connection held, handed back per queue, oldest first,
+/// in slices of at most [`REQUEUE_SLICE_MAX`]: between two, the queue's lock
+/// is free for its other clients and the task yields to other connections.
+/// A million of them take a fraction of a second and stall no one.
+pub async fn requeue_in_slices(requeued: Vec<Unacked>) {
+    for (queue, mut ids) in group_by_queue(requeued) {
+        ids.sort_unstable();
+        let mut slices = ids.chunks(REQUEUE_SLICE_MAX).peekable();
+        while let Some(slice) = slices.next() {
+            queue.requeue(slice);
+            if slices.peek().is_some() {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+fn group_by_queue(
+    requeued: impl IntoIterator<Item = Unacked>,
+) -> Vec<(Arc<dyn Queue>, Vec<MessageId>)> {
     let mut by_queue: HashMap<*const (), (Arc<dyn Queue>, Vec<MessageId>)> = HashMap::new();
     for entry in requeued {
         by_queue
@@ -154,7 +180,5 @@ pub(super) fn requeue_by_queue(requeued: impl IntoIterator<Item = Unacked>) {
             .1
             .push(entry.message_id);
     }
-    for (_, (queue, ids)) in by_queue {
-        queue.requeue(&ids);
-    }
+    by_queue.into_values().collect()
 }

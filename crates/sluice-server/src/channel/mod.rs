@@ -19,6 +19,7 @@ mod queue_methods;
 mod transaction;
 
 use acks::requeue_by_queue;
+pub use acks::requeue_in_slices;
 pub use metadata_change::PendingChange;
 
 use std::collections::{HashMap, VecDeque};
@@ -35,6 +36,7 @@ use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::encode_control;
 use sluice_wire::method::Publish;
 
+use crate::bodies_under_way::BodyReservation;
 use crate::connection_context::ConnectionContext;
 use crate::delivery::{ChannelDeliveries, Unacked};
 
@@ -47,6 +49,9 @@ struct PendingContent {
     single_body: Option<Bytes>,
     body_parts: Vec<Bytes>,
     body_received: usize,
+    /// A large body's room among the node's bodies under way; None while
+    /// it waits for room, or for a body too small to count.
+    room: Option<BodyReservation>,
 }
 
 /// Publisher confirms: sequence numbers and the acks not yet written, so one
@@ -334,6 +339,24 @@ impl Channel {
     /// queues that lose their last consumer go), unacked messages back to
     /// their queues in order, marked redelivered.
     pub fn release(&mut self, context: &ConnectionContext) {
+        let unacked = self.close_deliveries(context);
+        requeue_by_queue(unacked);
+        self.finish_release(context);
+    }
+
+    /// The first half of [`Self::release`]: the channel takes no more
+    /// deliveries, and hands back its unacked messages (with those of an
+    /// uncommitted transaction's acks) for the caller to requeue before
+    /// [`Self::finish_release`].
+    ///
+    /// Requeued before this channel's consumers go, while a
+    /// single-active-consumer queue's active consumer is still this (closed)
+    /// one and takes nothing: its successor, promoted then, gets the old
+    /// one's unacked messages before anything behind them, as RabbitMQ's
+    /// `handle_ch_down` requeues before it runs the queue. Requeued after the
+    /// promotion, a publish or the pager on another thread could deliver
+    /// newer messages to it first.
+    pub fn close_deliveries(&mut self, context: &ConnectionContext) -> Vec<Unacked> {
         context.stats.channel_closed(self.id);
         self.cancel_reply_consumer(context);
         // Acks of an uncommitted transaction never happened: their messages
@@ -341,15 +364,12 @@ impl Channel {
         if let Some(transaction) = self.tx.take() {
             self.restore_held_acks(transaction.operations);
         }
-        let unacked = self.deliveries.close();
-        // Requeued before this channel's consumers go, while a
-        // single-active-consumer queue's active consumer is still this
-        // (closed) one and takes nothing: its successor, promoted below,
-        // then gets the old one's unacked messages before anything behind
-        // them, as RabbitMQ's `handle_ch_down` requeues before it runs the
-        // queue. Requeued after the promotion, a publish or the pager on
-        // another thread could deliver newer messages to it first.
-        requeue_by_queue(unacked);
+        self.deliveries.close()
+    }
+
+    /// The second half of [`Self::release`]: the channel's consumers
+    /// cancelled, a single active consumer's successor promoted.
+    pub fn finish_release(&mut self, context: &ConnectionContext) {
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         let mut new_active: Vec<Arc<dyn Queue>> = Vec::new();
         for tag in tags {

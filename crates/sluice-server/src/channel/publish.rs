@@ -18,6 +18,7 @@ use sluice_wire::method::Publish;
 use sluice_wire::reply_code::ReplyCode;
 
 use super::{Channel, PendingContent, TxOperation, WaitingConfirm};
+use crate::bodies_under_way::{BodiesUnderWay, BodyReservation};
 use crate::connection_context::ConnectionContext;
 use crate::limits::TX_UNCOMMITTED_BYTES_MAX;
 
@@ -32,6 +33,7 @@ impl Channel {
             single_body: None,
             body_parts: Vec::new(),
             body_received: 0,
+            room: None,
         });
         Ok(())
     }
@@ -70,11 +72,32 @@ impl Channel {
             )));
         }
         let complete = header.body_size == 0;
+        if BodiesUnderWay::is_counted(header.body_size) {
+            pending.room = context.bodies_under_way.try_reserve(header.body_size);
+        }
         pending.header = Some(header);
         if complete {
             self.finish_publish(context)?;
         }
         Ok(())
+    }
+
+    /// The size of the large body under way on this channel that waits for
+    /// room among the node's bodies under way before more of it is read.
+    pub fn body_room_wanted(&self) -> Option<u64> {
+        let pending = self.content.as_ref()?;
+        let body_size = pending.header.as_ref()?.body_size;
+        (BodiesUnderWay::is_counted(body_size)
+            && pending.room.is_none()
+            && (pending.body_received as u64) < body_size)
+            .then_some(body_size)
+    }
+
+    /// Room found for the body [`Self::body_room_wanted`] named.
+    pub fn take_body_room(&mut self, room: BodyReservation) {
+        if let Some(pending) = self.content.as_mut() {
+            pending.room = Some(room);
+        }
     }
 
     pub fn handle_content_body(

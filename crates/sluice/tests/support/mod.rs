@@ -12,6 +12,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
 pub mod cluster;
+pub mod raw;
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
