@@ -34,6 +34,7 @@ use crate::in_flight::InFlightBytes;
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
 use crate::outbox::{Outbox, WakeBatch};
 use crate::settings::ServerSettings;
+use crate::uncommitted::UncommittedBytes;
 
 /// What handling a frame asks of the connection.
 enum Flow {
@@ -113,6 +114,8 @@ pub struct ResourceThrottle {
     pub in_flight: Arc<InFlightBytes>,
     /// Large message bodies being read across all connections.
     pub bodies_under_way: Arc<BodiesUnderWay>,
+    /// Messages held by open transactions across all connections.
+    pub uncommitted: Arc<UncommittedBytes>,
 }
 
 /// Serves one accepted socket until it closes.
@@ -130,6 +133,7 @@ pub async fn serve(
         registry,
         in_flight,
         bodies_under_way,
+        uncommitted,
     } = throttle;
     let _ = stream.set_nodelay(settings.nodelay);
     let (read_half, mut write_half) = stream.into_split();
@@ -171,6 +175,7 @@ pub async fn serve(
             client_capabilities: negotiated.client_capabilities,
             stats,
             bodies_under_way,
+            uncommitted,
         },
         peer,
         channels: HashMap::new(),

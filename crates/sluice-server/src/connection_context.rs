@@ -10,6 +10,7 @@ use sluice_core::vhost::VirtualHost;
 use crate::bodies_under_way::BodiesUnderWay;
 use crate::connection_registry::ConnectionStats;
 use crate::outbox::Outbox;
+use crate::uncommitted::UncommittedBytes;
 
 /// Capabilities the client announced in connection.start-ok.
 #[derive(Clone, Copy, Debug, Default)]
@@ -32,4 +33,6 @@ pub struct ConnectionContext {
     pub stats: Arc<ConnectionStats>,
     /// The node's bound on message bodies under way.
     pub bodies_under_way: Arc<BodiesUnderWay>,
+    /// The node's bound on messages held by open transactions.
+    pub uncommitted: Arc<UncommittedBytes>,
 }

@@ -48,5 +48,6 @@ pub mod server;
 pub mod settings;
 pub mod store_config;
 pub mod tcp_listen_options;
+pub mod uncommitted;
 
 pub use server::{run, start, RunningServer, ServerError};

@@ -47,6 +47,10 @@ pub const BODIES_UNDER_WAY_WATERMARK_DIVISOR: u64 = 4;
 /// into the queue's ready messages, a few milliseconds under its lock.
 pub const REQUEUE_SLICE_MAX: usize = 65_536;
 
+/// Open transactions across the node may hold this share of the memory
+/// watermark in uncommitted messages (see `uncommitted`).
+pub const TX_UNCOMMITTED_WATERMARK_DIVISOR: u64 = 4;
+
 /// A peer that does not answer our connection.close within this time is
 /// disconnected anyway.
 pub const CLOSE_OK_TIMEOUT_MS: u64 = 3_000;

@@ -30,7 +30,7 @@ use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
 use crate::forwarding::NodeForwarding;
 use crate::in_flight::InFlightBytes;
-use crate::limits::BODIES_UNDER_WAY_WATERMARK_DIVISOR;
+use crate::limits::{BODIES_UNDER_WAY_WATERMARK_DIVISOR, TX_UNCOMMITTED_WATERMARK_DIVISOR};
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
@@ -39,6 +39,7 @@ use crate::quorum_groups::NodeQuorumGroups;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
+use crate::uncommitted::UncommittedBytes;
 use sluice_core::quorum_queue::replication::QuorumGroups;
 
 /// Open connections get this long to finish their close handshake when the
@@ -228,9 +229,11 @@ pub async fn start_with_cluster_listener(
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
-    let bodies_under_way = BodiesUnderWay::new(
-        alarm_monitor.limits().memory_watermark_bytes / BODIES_UNDER_WAY_WATERMARK_DIVISOR,
-    );
+    let memory_watermark_bytes = alarm_monitor.limits().memory_watermark_bytes;
+    let bodies_under_way =
+        BodiesUnderWay::new(memory_watermark_bytes / BODIES_UNDER_WAY_WATERMARK_DIVISOR);
+    let uncommitted =
+        UncommittedBytes::new(memory_watermark_bytes / TX_UNCOMMITTED_WATERMARK_DIVISOR);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
     let task = tokio::spawn(accept_loop(
         listener,
@@ -243,6 +246,7 @@ pub async fn start_with_cluster_listener(
             registry: Arc::clone(&connections),
             in_flight: Arc::clone(&in_flight),
             bodies_under_way,
+            uncommitted,
         },
     ));
     Ok(RunningServer {

@@ -515,3 +515,71 @@ async fn publishing_amqprs_missing_exchange_in_tx_fails_at_publish() {
     connection.close().await.unwrap();
     server.stop().await;
 }
+
+#[tokio::test]
+async fn publishing_transactions_together_are_bounded_by_a_share_of_the_watermark() {
+    // A quarter of the watermark for all open transactions: 128 MiB.
+    let server = TestServer::start_with(|config| {
+        config.vm_memory_high_watermark_absolute_bytes = Some(512 << 20);
+    })
+    .await;
+    let (connection, setup) = open(&server).await;
+    declare(&setup, "txq").await;
+    let body = vec![7u8; 1 << 20];
+    let publish_all = |channel: Channel, count: usize| {
+        let body = body.clone();
+        async move {
+            for _ in 0..count {
+                channel
+                    .basic_publish(
+                        "".into(),
+                        "txq".into(),
+                        BasicPublishOptions::default(),
+                        &body,
+                        BasicProperties::default(),
+                    )
+                    .await?;
+            }
+            channel.tx_commit().await
+        }
+    };
+    let second = connection.create_channel().await.unwrap();
+    let mut second_closed = close_watcher(&second).await;
+    let first = connection.create_channel().await.unwrap();
+    first.tx_select().await.unwrap();
+    second.tx_select().await.unwrap();
+    // Held, not yet committed: 80 MiB.
+    for _ in 0..80 {
+        first
+            .basic_publish(
+                "".into(),
+                "txq".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+    }
+    // 60 MiB more would pass the node's bound: that channel closes.
+    assert!(publish_all(second, 60).await.is_err());
+    assert_eq!(
+        channel_closed_with(&mut second_closed).await,
+        (
+            406,
+            format!(
+                "PRECONDITION_FAILED - transactions on this node hold more than {} bytes of uncommitted messages",
+                128 << 20
+            )
+        )
+    );
+    // The first commits whole; what the closed one held was given back.
+    first.tx_commit().await.unwrap();
+    assert_eq!(ready_count(&setup, "txq").await, 80);
+    let third = connection.create_channel().await.unwrap();
+    third.tx_select().await.unwrap();
+    publish_all(third, 100).await.unwrap();
+    assert_eq!(ready_count(&setup, "txq").await, 180);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}

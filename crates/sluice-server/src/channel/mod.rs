@@ -39,6 +39,7 @@ use sluice_wire::method::Publish;
 use crate::bodies_under_way::BodyReservation;
 use crate::connection_context::ConnectionContext;
 use crate::delivery::{ChannelDeliveries, Unacked};
+use crate::uncommitted::HeldByTransaction;
 
 /// A publish whose content header and body frames are still arriving.
 struct PendingContent {
@@ -101,10 +102,11 @@ enum TxOperation {
     },
 }
 
-#[derive(Default)]
 struct Transaction {
     operations: Vec<TxOperation>,
-    body_bytes: usize,
+    /// The bytes of its publishes, counted against the bounds on
+    /// uncommitted messages.
+    held: HeldByTransaction,
 }
 
 struct ChannelConsumer {

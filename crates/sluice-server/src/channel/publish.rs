@@ -20,7 +20,6 @@ use sluice_wire::reply_code::ReplyCode;
 use super::{Channel, PendingContent, TxOperation, WaitingConfirm};
 use crate::bodies_under_way::{BodiesUnderWay, BodyReservation};
 use crate::connection_context::ConnectionContext;
-use crate::limits::TX_UNCOMMITTED_BYTES_MAX;
 
 impl Channel {
     pub fn handle_publish(&mut self, publish: Publish) -> AmqpResult<()> {
@@ -168,12 +167,7 @@ impl Channel {
         });
         if let Some(transaction) = self.tx.as_mut() {
             check_header_routes(&message.properties)?;
-            transaction.body_bytes += message.body_size();
-            if transaction.body_bytes > TX_UNCOMMITTED_BYTES_MAX {
-                return Err(AmqpError::precondition_failed(format!(
-                    "transaction holds more than {TX_UNCOMMITTED_BYTES_MAX} bytes of uncommitted messages"
-                )));
-            }
+            transaction.held.hold(message.body_size() as u64)?;
             transaction
                 .operations
                 .push(TxOperation::Publish(message, publish));

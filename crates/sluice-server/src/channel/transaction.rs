@@ -8,6 +8,7 @@ use sluice_core::error::{AmqpError, AmqpResult};
 use super::{Channel, Transaction, TxOperation};
 use crate::connection_context::ConnectionContext;
 use crate::delivery::Unacked;
+use crate::uncommitted::HeldByTransaction;
 
 impl Channel {
     pub(super) fn handle_tx_method(
@@ -22,7 +23,10 @@ impl Channel {
                         "cannot switch from confirm to tx mode",
                     ));
                 }
-                self.tx.get_or_insert_with(Transaction::default);
+                self.tx.get_or_insert_with(|| Transaction {
+                    operations: Vec::new(),
+                    held: HeldByTransaction::new(&context.uncommitted),
+                });
                 self.reply(
                     context,
                     AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
@@ -35,7 +39,7 @@ impl Channel {
                     ));
                 };
                 let operations = std::mem::take(&mut transaction.operations);
-                transaction.body_bytes = 0;
+                transaction.held.release();
                 // Leave tx mode while applying, so the operations take effect
                 // instead of being buffered again.
                 let transaction = self.tx.take();
@@ -58,7 +62,7 @@ impl Channel {
                     ));
                 };
                 let operations = std::mem::take(&mut transaction.operations);
-                transaction.body_bytes = 0;
+                transaction.held.release();
                 self.restore_held_acks(operations);
                 self.reply(
                     context,
