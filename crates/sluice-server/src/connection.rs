@@ -83,6 +83,8 @@ pub struct Connection {
     body_room_wanted: bool,
     /// Channels closed with the connection, not yet done with.
     releasing: Option<Releasing>,
+    /// The client closed the connection: close-ok follows the release.
+    close_ok_owed: bool,
     /// Publishes handled in the current batch. At `publish_credit` the batch
     /// ends, even with frames still buffered: the reader checks its queues'
     /// congestion and the alarms, and lets other connections run.
@@ -189,6 +191,7 @@ pub async fn serve(
         published_since_alarm_check: false,
         body_room_wanted: false,
         releasing: None,
+        close_ok_owed: false,
         publishes_in_batch: 0,
         publish_credit: settings.publish_credit,
         registration,
@@ -1082,11 +1085,10 @@ impl Connection {
         match method {
             Method::Control(AMQPClass::Connection(connection::AMQPMethod::Close(close))) => {
                 tracing::debug!(peer = %self.peer, reply_code = close.reply_code, "client closed connection");
+                // Close-ok once what the connection held is released
+                // (`release`), its exclusive queues deleted.
                 self.release_channels();
-                self.send(
-                    0,
-                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
-                );
+                self.close_ok_owed = true;
                 Flow::Finished
             }
             Method::Control(AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => {
@@ -1155,15 +1157,34 @@ impl Connection {
         self.refresh_consumer_queues();
     }
 
-    /// The connection is gone: channels released, exclusive queues deleted.
+    /// The connection is gone: channels released, exclusive queues deleted,
+    /// and then, when the client closed it, close-ok: as with RabbitMQ, a
+    /// client that declares the same exclusive queue on a new connection
+    /// right after close-ok finds it gone, not locked.
     async fn release(&mut self) {
         self.release_channels();
         self.finish_releasing().await;
-        self.context
+        let deleted = self
+            .context
             .vhost
             .remove_exclusive_queues(self.context.connection_id);
+        // Bounded: without a majority a deletion fails within the metadata
+        // log's own bound, and this one more is a backstop.
+        if let Ok(Err(error)) = tokio::time::timeout(EXCLUSIVE_DELETION_WAIT_MAX, deleted).await {
+            tracing::warn!(peer = %self.peer, connection_id = self.context.connection_id, %error, "an exclusive queue of a closed connection could not be deleted yet");
+        }
+        if std::mem::take(&mut self.close_ok_owed) {
+            self.send(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+            );
+        }
     }
 }
+
+/// The longest a closing connection waits for its exclusive queues'
+/// deletion before it says close-ok anyway.
+const EXCLUSIVE_DELETION_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// How often a connection looks for deliveries past `consumer_timeout`.
 fn timeout_check_interval(timeout: Duration) -> Duration {

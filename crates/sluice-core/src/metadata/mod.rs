@@ -194,21 +194,41 @@ impl MetadataProposer {
         self.log.get().is_some_and(|log| log.is_replicated())
     }
 
-    /// Proposes a change nobody waits for (a queue deleted because its
-    /// owner closed or it expired); a failure is logged.
+    /// Proposes a change nobody waits for (a queue deleted because it
+    /// expired); a failure is logged.
     pub fn propose_in_background(&self, command: MetadataCommand) {
+        drop(self.propose_detached(command));
+    }
+
+    /// Proposes a change that goes through whether or not the returned
+    /// future is awaited (a queue deleted because its owner closed): it
+    /// says when the change is applied on this node. A failure is logged.
+    pub fn propose_detached(&self, command: MetadataCommand) -> Proposal {
         let Some(runtime) = self.runtime.get() else {
             tracing::error!(
                 ?command,
                 "metadata change dropped: the metadata log is not running"
             );
-            return;
+            return Box::pin(std::future::ready(Err(AmqpError::new(
+                ReplyCode::InternalError,
+                "the metadata log is not running",
+            ))));
         };
         let proposal = self.propose(command.clone());
-        runtime.spawn(async move {
-            if let Err(error) = proposal.await {
+        let applied = runtime.spawn(async move {
+            let result = proposal.await;
+            if let Err(error) = &result {
                 tracing::warn!(?command, %error, "a metadata change failed");
             }
+            result
         });
+        Box::pin(async move {
+            applied.await.unwrap_or_else(|_| {
+                Err(AmqpError::new(
+                    ReplyCode::InternalError,
+                    "a metadata change was abandoned",
+                ))
+            })
+        })
     }
 }

@@ -31,7 +31,7 @@ use crate::counters::{MessageCounts, ShardedCounters};
 use crate::definitions::DefinitionStore;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
-use crate::metadata::{MetadataCommand, MetadataProposer, NodeIdentity};
+use crate::metadata::{MetadataCommand, MetadataProposer, NodeIdentity, Proposal};
 use crate::policy::{
     effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
 };
@@ -784,15 +784,23 @@ impl VirtualHost {
     }
 
     /// Proposes deleting the exclusive queues of a connection that closed.
-    pub fn remove_exclusive_queues(&self, connection_id: ConnectionId) {
+    pub fn remove_exclusive_queues(&self, connection_id: ConnectionId) -> Proposal {
         let owned: Vec<Arc<dyn Queue>> = read(&self.queues)
             .values()
             .filter(|queue| queue.options().exclusive_owner == Some(connection_id))
             .cloned()
             .collect();
-        for queue in owned {
-            self.propose_queue_deletion(&queue);
-        }
+        let deletions: Vec<Proposal> = owned
+            .iter()
+            .filter_map(|queue| self.propose_deletion_of(queue))
+            .collect();
+        // All proposed at once; done when the last is applied.
+        Box::pin(async move {
+            for deletion in deletions {
+                deletion.await?;
+            }
+            Ok(())
+        })
     }
 
     /// Proposes deleting `queue`, that very queue and not a later one of
@@ -800,18 +808,26 @@ impl VirtualHost {
     /// owner gone, a queue expired or unused) goes through the metadata
     /// log like a client's queue.delete.
     pub fn propose_queue_deletion(&self, queue: &Arc<dyn Queue>) {
+        drop(self.propose_deletion_of(queue));
+    }
+
+    /// As [`Self::propose_queue_deletion`], with what says when the deletion
+    /// is applied on this node; None when it already is.
+    fn propose_deletion_of(&self, queue: &Arc<dyn Queue>) -> Option<Proposal> {
         if !self.metadata.is_installed() {
             // A vhost outside any node (the core's own tests) applies its
             // changes itself.
             self.apply_delete_queue(queue.name(), Some(queue.options().declared_at));
-            return;
+            return None;
         }
-        self.metadata
-            .propose_in_background(MetadataCommand::DeleteQueue {
-                vhost: self.name.to_string(),
-                name: queue.name().to_string(),
-                declared_at: Some(queue.options().declared_at),
-            });
+        Some(
+            self.metadata
+                .propose_detached(MetadataCommand::DeleteQueue {
+                    vhost: self.name.to_string(),
+                    name: queue.name().to_string(),
+                    declared_at: Some(queue.options().declared_at),
+                }),
+        )
     }
 
     /// Where this vhost proposes metadata changes.
