@@ -525,44 +525,19 @@ async fn publishing_transactions_together_are_bounded_by_a_share_of_the_watermar
     .await;
     let (connection, setup) = open(&server).await;
     declare(&setup, "txq").await;
-    let body = vec![7u8; 1 << 20];
-    let publish_all = |channel: Channel, count: usize| {
-        let body = body.clone();
-        async move {
-            for _ in 0..count {
-                channel
-                    .basic_publish(
-                        "".into(),
-                        "txq".into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        BasicProperties::default(),
-                    )
-                    .await?;
-            }
-            channel.tx_commit().await
-        }
-    };
     let second = connection.create_channel().await.unwrap();
     let mut second_closed = close_watcher(&second).await;
     let first = connection.create_channel().await.unwrap();
     first.tx_select().await.unwrap();
     second.tx_select().await.unwrap();
     // Held, not yet committed: 80 MiB.
-    for _ in 0..80 {
-        first
-            .basic_publish(
-                "".into(),
-                "txq".into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default(),
-            )
-            .await
-            .unwrap();
-    }
+    publish_mebibytes(&first, 80).await.unwrap();
     // 60 MiB more would pass the node's bound: that channel closes.
-    assert!(publish_all(second, 60).await.is_err());
+    let refused = match publish_mebibytes(&second, 60).await {
+        Ok(()) => second.tx_commit().await,
+        Err(error) => Err(error),
+    };
+    assert!(refused.is_err());
     assert_eq!(
         channel_closed_with(&mut second_closed).await,
         (
@@ -578,8 +553,26 @@ async fn publishing_transactions_together_are_bounded_by_a_share_of_the_watermar
     assert_eq!(ready_count(&setup, "txq").await, 80);
     let third = connection.create_channel().await.unwrap();
     third.tx_select().await.unwrap();
-    publish_all(third, 100).await.unwrap();
+    publish_mebibytes(&third, 100).await.unwrap();
+    third.tx_commit().await.unwrap();
     assert_eq!(ready_count(&setup, "txq").await, 180);
     connection.close(200, "bye".into()).await.unwrap();
     server.stop().await;
+}
+
+/// Publishes `count` messages of 1 MiB to `txq`.
+async fn publish_mebibytes(channel: &Channel, count: usize) -> lapin::Result<()> {
+    let body = vec![7u8; 1 << 20];
+    for _ in 0..count {
+        channel
+            .basic_publish(
+                "".into(),
+                "txq".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?;
+    }
+    Ok(())
 }
