@@ -34,6 +34,34 @@ pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
     Ok((limit.rlim_cur, before))
 }
 
+/// Descriptors the process has open and may open: what RabbitMQ reports
+/// as `fd_used` and `fd_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileDescriptors {
+    pub used: u64,
+    pub total: u64,
+}
+
+/// The process's descriptors now.
+pub fn file_descriptors() -> std::io::Result<FileDescriptors> {
+    // Listing the directory opens one more, which the count leaves out.
+    let used = std::fs::read_dir("/proc/self/fd")?
+        .count()
+        .saturating_sub(1) as u64;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(FileDescriptors {
+        used,
+        total: limit.rlim_cur,
+    })
+}
+
 /// The client connections a limit of `open_files` leaves room for.
 pub fn connection_budget(open_files: u64) -> usize {
     let reserved = (open_files / RESERVED_FRACTION).max(RESERVED_MIN);

@@ -120,6 +120,15 @@ impl RunningServer {
         self.in_flight.total()
     }
 
+    /// File descriptors open and allowed (the soft limit, raised to the
+    /// hard one at start); connections are held to a share of them.
+    ///
+    /// # Errors
+    /// `/proc/self/fd` or the limit cannot be read.
+    pub fn file_descriptors(&self) -> std::io::Result<crate::fd_limit::FileDescriptors> {
+        crate::fd_limit::file_descriptors()
+    }
+
     /// Bytes queue journals hold in memory, waiting for the disk.
     pub fn unwritten_journal_bytes(&self) -> u64 {
         self.group_commit.unwritten_total()
