@@ -8,10 +8,12 @@
 //! falls and the alarm never clears. Instead a body larger than one socket
 //! read reserves its announced size here when its header arrives; past the
 //! bound its connection is not read until bodies under way elsewhere finish.
-//! A reserved body is always read to its end, so the bodies under way keep
-//! finishing. The semaphore is fair: a large body waits its turn rather
-//! than behind a stream of smaller ones, and one larger than the whole bound
-//! goes alone.
+//! A connection whose body holds room is read on (not paused for a
+//! congested queue, nor for room for another of its bodies, which then goes
+//! without), so the bodies under way keep finishing; only the memory alarm
+//! stops it, as it stops every publisher. The semaphore is fair: a large
+//! body waits its turn rather than behind a stream of smaller ones, and one
+//! larger than the whole bound goes alone.
 
 use std::sync::Arc;
 

@@ -216,7 +216,8 @@ pub async fn serve(
             0,
         );
     }
-    connection.release().await;
+    let shutting_down = *shutdown.borrow();
+    connection.release(shutting_down).await;
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
     linger_until_client_closes(&mut reader, &mut shutdown).await;
@@ -642,6 +643,14 @@ impl Connection {
     /// the rate the queue drains at. Returns false when shutdown started a
     /// close during the wait.
     async fn wait_while_congested(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        // A body that holds room is read to its end first (one message more
+        // for the congested queue): paused mid-body, it would keep its room
+        // from everyone else's, among them perhaps the consumers whose acks
+        // would end the congestion. Its channels keep their congested queues
+        // for the next look.
+        if self.holds_body_room() {
+            return true;
+        }
         for channel in self.channels.values_mut() {
             channel.take_congested_queues(&mut self.congested_queues);
         }
@@ -700,39 +709,55 @@ impl Connection {
     /// the connection is not read meanwhile, as under an alarm, but its
     /// confirms go on. Returns false when shutdown started a close during
     /// the wait.
+    ///
+    /// Only a connection that holds no room waits, and for one body: its
+    /// frames come in the order the client interleaves its channels, so one
+    /// whose body holds room must read on or that body never finishes (and
+    /// the room never comes back). Its other large bodies go without room;
+    /// the memory alarm still bounds them.
     async fn wait_for_room_for_bodies(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
-        if !std::mem::take(&mut self.body_room_wanted) || self.closing {
+        if !std::mem::take(&mut self.body_room_wanted) || self.closing || self.holds_body_room() {
             return true;
         }
-        let bodies = Arc::clone(&self.context.bodies_under_way);
-        let waiting: Vec<(u16, u64)> = self
+        let Some((channel_id, bytes)) = self
             .channels
             .iter()
-            .filter_map(|(id, channel)| channel.body_room_wanted().map(|bytes| (*id, bytes)))
-            .collect();
-        for (channel_id, bytes) in waiting {
-            tracing::debug!(peer = %self.peer, connection_id = self.context.connection_id, channel_id, bytes, "a large body waits for room among the bodies under way");
-            let reservation = loop {
-                tokio::select! {
-                    reservation = bodies.reserve(bytes) => break reservation,
-                    _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
-                        self.flush_waiting_confirms();
-                    }
-                    _ = shutdown.changed() => {
-                        self.start_close(
-                            &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                            0,
-                            0,
-                        );
-                        return false;
-                    }
+            .find_map(|(id, channel)| channel.body_room_wanted().map(|bytes| (*id, bytes)))
+        else {
+            return true;
+        };
+        tracing::debug!(peer = %self.peer, connection_id = self.context.connection_id, channel_id, bytes, "a large body waits for room among the bodies under way");
+        let bodies = Arc::clone(&self.context.bodies_under_way);
+        // One wait, kept across the confirms flushed meanwhile: made anew,
+        // it would lose its place in the semaphore's queue.
+        let reserve = bodies.reserve(bytes);
+        tokio::pin!(reserve);
+        let reservation = loop {
+            tokio::select! {
+                reservation = &mut reserve => break reservation,
+                _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
+                    self.flush_waiting_confirms();
                 }
-            };
-            if let Some(channel) = self.channels.get_mut(&channel_id) {
-                channel.take_body_room(reservation);
+                _ = shutdown.changed() => {
+                    self.start_close(
+                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
+                        0,
+                        0,
+                    );
+                    return false;
+                }
             }
+        };
+        if let Some(channel) = self.channels.get_mut(&channel_id) {
+            channel.take_body_room(reservation);
         }
         true
+    }
+
+    /// Whether a body under way on one of this connection's channels holds
+    /// room among the node's bodies under way.
+    fn holds_body_room(&self) -> bool {
+        self.channels.values().any(Channel::holds_body_room)
     }
 
     async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
@@ -1161,7 +1186,7 @@ impl Connection {
     /// and then, when the client closed it, close-ok: as with RabbitMQ, a
     /// client that declares the same exclusive queue on a new connection
     /// right after close-ok finds it gone, not locked.
-    async fn release(&mut self) {
+    async fn release(&mut self, shutting_down: bool) {
         self.release_channels();
         self.finish_releasing().await;
         let deleted = self
@@ -1169,9 +1194,22 @@ impl Connection {
             .vhost
             .remove_exclusive_queues(self.context.connection_id);
         // Bounded: without a majority a deletion fails within the metadata
-        // log's own bound, and this one more is a backstop.
-        if let Ok(Err(error)) = tokio::time::timeout(EXCLUSIVE_DELETION_WAIT_MAX, deleted).await {
-            tracing::warn!(peer = %self.peer, connection_id = self.context.connection_id, %error, "an exclusive queue of a closed connection could not be deleted yet");
+        // log's own bound, and this one more is a backstop. A node shutting
+        // down does not wait: the deletions go on without it.
+        let wait = if shutting_down {
+            Duration::ZERO
+        } else {
+            EXCLUSIVE_DELETION_WAIT_MAX
+        };
+        match tokio::time::timeout(wait, deleted).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(peer = %self.peer, connection_id = self.context.connection_id, %error, "an exclusive queue of a closed connection could not be deleted yet");
+            }
+            Err(_) if shutting_down => {}
+            Err(_) => {
+                tracing::warn!(peer = %self.peer, connection_id = self.context.connection_id, waited = ?wait, "the deletion of a closed connection's exclusive queues is still under way; close-ok goes first");
+            }
         }
         if std::mem::take(&mut self.close_ok_owed) {
             self.send(

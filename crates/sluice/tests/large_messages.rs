@@ -172,3 +172,88 @@ async fn large_messages_from_many_publishers_at_once_all_arrive_within_the_water
     drop(server);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Two large bodies interleaved on two channels of one connection, together
+/// past the bound: the connection reads its frames in the client's order,
+/// so the second body must not wait for room the first holds (it goes
+/// without), or neither would ever finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_interleaved_on_one_connection_past_the_bound_both_arrive() {
+    const INTERLEAVED_BODY_BYTES: usize = 100 << 20;
+    let port = free_port();
+    let root = fresh_dir("large-interleaved");
+    let config = root.join("sluice.conf");
+    std::fs::write(
+        &config,
+        format!("vm_memory_high_watermark.absolute = {WATERMARK_MIB}MiB\n"),
+    )
+    .unwrap();
+    let _server = Server(
+        server_command(port, &root.join("data"), Some(&config))
+            .spawn()
+            .unwrap(),
+    );
+    let connection = connect(port).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            "interleaved".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let mut publisher = RawConnection::open(port, 2).await;
+    let mut out = BytesMut::new();
+    for channel_id in [1, 2] {
+        method(
+            &mut out,
+            channel_id,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: "interleaved".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        );
+        let mut header = BytesMut::new();
+        header.put_u16(60);
+        header.put_u16(0);
+        header.put_u64(INTERLEAVED_BODY_BYTES as u64);
+        header.put_u16(0);
+        frame(&mut out, FrameType::Header, channel_id, &header);
+    }
+    publisher.stream.write_all(&out).await.unwrap();
+    let chunk = vec![9u8; FRAME_MAX as usize - 8];
+    let mut sent = 0;
+    let writing = tokio::spawn(async move {
+        while sent < INTERLEAVED_BODY_BYTES {
+            let size = chunk.len().min(INTERLEAVED_BODY_BYTES - sent);
+            let mut out = BytesMut::new();
+            for channel_id in [1, 2] {
+                frame(&mut out, FrameType::Body, channel_id, &chunk[..size]);
+            }
+            publisher.stream.write_all(&out).await.unwrap();
+            sent += size;
+        }
+        publisher
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = support::declare_passive(&channel, "interleaved")
+            .await
+            .unwrap()
+            .message_count();
+        if ready == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ready} of 2 interleaved large messages arrived within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _publisher = writing.await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}

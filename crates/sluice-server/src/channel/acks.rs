@@ -154,17 +154,20 @@ pub(super) fn requeue_by_queue(requeued: impl IntoIterator<Item = Unacked>) {
 
 /// Messages a closing connection held, handed back per queue, oldest first,
 /// in slices of at most [`REQUEUE_SLICE_MAX`]: between two, the queue's lock
-/// is free for its other clients and the task yields to other connections.
-/// A million of them take a fraction of a second and stall no one.
+/// is free for its other clients, and after every [`REQUEUE_SLICE_MAX`]
+/// across queues the task yields to other connections. A million of them
+/// take a fraction of a second and stall no one.
 pub async fn requeue_in_slices(requeued: Vec<Unacked>) {
+    let mut since_yield = 0;
     for (queue, mut ids) in group_by_queue(requeued) {
         ids.sort_unstable();
-        let mut slices = ids.chunks(REQUEUE_SLICE_MAX).peekable();
-        while let Some(slice) = slices.next() {
-            queue.requeue(slice);
-            if slices.peek().is_some() {
+        for slice in ids.chunks(REQUEUE_SLICE_MAX) {
+            if since_yield + slice.len() > REQUEUE_SLICE_MAX {
                 tokio::task::yield_now().await;
+                since_yield = 0;
             }
+            queue.requeue(slice);
+            since_yield += slice.len();
         }
     }
 }

@@ -92,6 +92,14 @@ impl Channel {
             .then_some(body_size)
     }
 
+    /// Whether the body under way on this channel holds room among the
+    /// node's bodies under way.
+    pub fn holds_body_room(&self) -> bool {
+        self.content
+            .as_ref()
+            .is_some_and(|pending| pending.room.is_some())
+    }
+
     /// Room found for the body [`Self::body_room_wanted`] named.
     pub fn take_body_room(&mut self, room: BodyReservation) {
         if let Some(pending) = self.content.as_mut() {
