@@ -217,7 +217,20 @@ pub async fn serve(
         );
     }
     let shutting_down = *shutdown.borrow();
-    connection.release(shutting_down).await;
+    // A panic while releasing loses only the channel it struck: the rest
+    // are released on the next try (one try more per channel at most).
+    let tries = connection.channels_to_release() + 1;
+    for _ in 0..tries {
+        match AssertUnwindSafe(connection.release(shutting_down))
+            .catch_unwind()
+            .await
+        {
+            Ok(()) => break,
+            Err(panic) => {
+                tracing::error!(%peer, connection_id, panic = panic_text(&*panic), "releasing a connection's channels panicked; releasing the others");
+            }
+        }
+    }
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
     linger_until_client_closes(&mut reader, &mut shutdown).await;
@@ -1171,15 +1184,33 @@ impl Connection {
     /// Requeues what the channels closed by [`Self::release_channels`] held,
     /// in slices that let other connections run, then cancels their
     /// consumers.
+    ///
+    /// Channels are taken out one at a time: should finishing one panic,
+    /// the others stay to be finished by the release that follows.
     async fn finish_releasing(&mut self) {
-        let Some(Releasing { channels, unacked }) = self.releasing.take() else {
+        let Some(releasing) = self.releasing.as_mut() else {
             return;
         };
+        let unacked = std::mem::take(&mut releasing.unacked);
         requeue_in_slices(unacked).await;
-        for mut channel in channels {
+        while let Some(mut channel) = self
+            .releasing
+            .as_mut()
+            .and_then(|releasing| releasing.channels.pop())
+        {
             channel.finish_release(&self.context);
         }
+        self.releasing = None;
         self.refresh_consumer_queues();
+    }
+
+    /// Channels open or closed but not yet done with.
+    fn channels_to_release(&self) -> usize {
+        self.channels.len()
+            + self
+                .releasing
+                .as_ref()
+                .map_or(0, |releasing| releasing.channels.len())
     }
 
     /// The connection is gone: channels released, exclusive queues deleted,

@@ -5,9 +5,18 @@
 /// The queue name that panics.
 pub const PANIC_QUEUE: &str = "sluice.test.panic";
 
+/// A consumer with this tag panics when its channel's release cancels it.
+pub const PANIC_ON_RELEASE_TAG: &str = "sluice.test.panic-on-release";
+
 pub fn check(queue: &str) {
     if queue == PANIC_QUEUE {
         panic!("the test failpoint was declared");
+    }
+}
+
+pub fn check_release(consumer_tag: &str) {
+    if consumer_tag == PANIC_ON_RELEASE_TAG {
+        panic!("the test failpoint was released");
     }
 }
 
@@ -112,6 +121,114 @@ mod tests {
                 .await
                 .unwrap();
             if queue.message_count() == 3 && queue.consumer_count() == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still held: {queue:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        witness.close(200, "bye".into()).await.unwrap();
+        server.stop().await;
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+
+    #[tokio::test]
+    async fn panic_while_releasing_a_channel_still_releases_the_others() {
+        let data_dir =
+            std::env::temp_dir().join(format!("sluice-panic-release-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let server = crate::start(Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data_dir.clone(),
+            ..Config::default()
+        })
+        .await
+        .expect("server starts");
+        let address = server.local_address;
+
+        let doomed = connect(address).await;
+        let setup = doomed.create_channel().await.unwrap();
+        for queue in ["trap", "held"] {
+            setup
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        // The trap's consumer panics when its channel is released; nine
+        // other channels each hold a message of another queue.
+        let trap = doomed.create_channel().await.unwrap();
+        // Kept: a consumer dropped is cancelled.
+        let _trap_consumer = trap
+            .basic_consume(
+                "trap".into(),
+                super::PANIC_ON_RELEASE_TAG.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut holders = Vec::new();
+        for _ in 0..9 {
+            setup
+                .basic_publish(
+                    "".into(),
+                    "held".into(),
+                    BasicPublishOptions::default(),
+                    b"m",
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+            let channel = doomed.create_channel().await.unwrap();
+            channel
+                .basic_qos(1, lapin::options::BasicQosOptions::default())
+                .await
+                .unwrap();
+            let mut consumer = channel
+                .basic_consume(
+                    "held".into(),
+                    "".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            consumer
+                .next()
+                .await
+                .expect("a delivery")
+                .expect("delivered");
+            holders.push((channel, consumer));
+        }
+        // The close is answered: the release that panicked went on.
+        tokio::time::timeout(Duration::from_secs(5), doomed.close(200, "bye".into()))
+            .await
+            .expect("close-ok within 5 s")
+            .unwrap();
+
+        // Every other channel's consumer is gone and its message back.
+        let witness = connect(address).await;
+        let channel = witness.create_channel().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let queue = channel
+                .queue_declare(
+                    "held".into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            if queue.message_count() == 9 && queue.consumer_count() == 0 {
                 break;
             }
             assert!(

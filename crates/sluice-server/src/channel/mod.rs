@@ -375,6 +375,8 @@ impl Channel {
         let tags: Vec<Arc<str>> = self.consumers.keys().cloned().collect();
         let mut new_active: Vec<Arc<dyn Queue>> = Vec::new();
         for tag in tags {
+            #[cfg(test)]
+            crate::panic_failpoint::check_release(&tag);
             if let Some(queue) = self.cancel_consumer(context, &tag) {
                 new_active.push(queue);
             }
