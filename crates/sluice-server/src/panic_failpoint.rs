@@ -41,9 +41,9 @@ mod tests {
         .expect("connects")
     }
 
-    #[tokio::test]
-    async fn panic_in_a_connection_closes_it_with_541_and_requeues_what_it_held() {
-        let data_dir = std::env::temp_dir().join(format!("sluice-panic-{}", std::process::id()));
+    /// A server on a free port with a fresh data directory named after `name`.
+    async fn start(name: &str) -> (crate::RunningServer, std::path::PathBuf) {
+        let data_dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data_dir);
         let server = crate::start(Config {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -52,6 +52,42 @@ mod tests {
         })
         .await
         .expect("server starts");
+        (server, data_dir)
+    }
+
+    /// Waits (10 s at most) until the queue `held` has `messages` ready and
+    /// no consumer: what a released connection held is back.
+    async fn wait_until_held_returns(address: std::net::SocketAddr, messages: u32) {
+        let witness = connect(address).await;
+        let channel = witness.create_channel().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let queue = channel
+                .queue_declare(
+                    "held".into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            if queue.message_count() == messages && queue.consumer_count() == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still held: {queue:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        witness.close(200, "bye".into()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn panic_in_a_connection_closes_it_with_541_and_requeues_what_it_held() {
+        let (server, data_dir) = start("panic").await;
         let address = server.local_address;
 
         let doomed = connect(address).await;
@@ -105,47 +141,14 @@ mod tests {
         assert!(text.contains("INTERNAL_ERROR"), "{text}");
 
         // Its consumer is gone and its unacked messages are back.
-        let witness = connect(address).await;
-        let channel = witness.create_channel().await.unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let queue = channel
-                .queue_declare(
-                    "held".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-            if queue.message_count() == 3 && queue.consumer_count() == 0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "still held: {queue:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        witness.close(200, "bye".into()).await.unwrap();
+        wait_until_held_returns(address, 3).await;
         server.stop().await;
         let _ = std::fs::remove_dir_all(&data_dir);
     }
 
     #[tokio::test]
     async fn panic_while_releasing_a_channel_still_releases_the_others() {
-        let data_dir =
-            std::env::temp_dir().join(format!("sluice-panic-release-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&data_dir);
-        let server = crate::start(Config {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data_dir.clone(),
-            ..Config::default()
-        })
-        .await
-        .expect("server starts");
+        let (server, data_dir) = start("panic-release").await;
         let address = server.local_address;
 
         let doomed = connect(address).await;
@@ -213,31 +216,7 @@ mod tests {
             .unwrap();
 
         // Every other channel's consumer is gone and its message back.
-        let witness = connect(address).await;
-        let channel = witness.create_channel().await.unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let queue = channel
-                .queue_declare(
-                    "held".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-            if queue.message_count() == 9 && queue.consumer_count() == 0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "still held: {queue:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        witness.close(200, "bye".into()).await.unwrap();
+        wait_until_held_returns(address, 9).await;
         server.stop().await;
         let _ = std::fs::remove_dir_all(&data_dir);
     }

@@ -13,13 +13,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use futures_lite::StreamExt as _;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use sluice_wire::amq_protocol::protocol::{basic, AMQPClass};
 use sluice_wire::frame::FrameType;
-use support::raw::{frame, method, RawConnection, FRAME_MAX};
+use support::raw::{frame, publish_header, RawConnection, FRAME_MAX};
 use support::{connect, free_port, fresh_dir, server_command};
 use tokio::io::AsyncWriteExt;
 
@@ -34,6 +33,25 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A broker at `WATERMARK_MIB`, with its directory named after `name` and
+/// its port.
+fn start_broker(name: &str) -> (Server, std::path::PathBuf, u16) {
+    let port = free_port();
+    let root = fresh_dir(name);
+    let config = root.join("sluice.conf");
+    std::fs::write(
+        &config,
+        format!("vm_memory_high_watermark.absolute = {WATERMARK_MIB}MiB\n"),
+    )
+    .unwrap();
+    let server = Server(
+        server_command(port, &root.join("data"), Some(&config))
+            .spawn()
+            .unwrap(),
+    );
+    (server, root, port)
 }
 
 fn rss_mib(pid: u32) -> u64 {
@@ -57,22 +75,7 @@ fn rss_mib(pid: u32) -> u64 {
 async fn publish_large(port: u16, queue: &str, fill: u8) -> RawConnection {
     let mut publisher = RawConnection::open(port, 1).await;
     let mut out = BytesMut::new();
-    method(
-        &mut out,
-        1,
-        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-            exchange: "".into(),
-            routing_key: queue.into(),
-            mandatory: false,
-            immediate: false,
-        })),
-    );
-    let mut header = BytesMut::new();
-    header.put_u16(60);
-    header.put_u16(0);
-    header.put_u64(BODY_BYTES as u64);
-    header.put_u16(0);
-    frame(&mut out, FrameType::Header, 1, &header);
+    publish_header(&mut out, 1, queue, BODY_BYTES as u64);
     publisher.stream.write_all(&out).await.unwrap();
     let chunk = vec![fill; FRAME_MAX as usize - 8];
     let mut sent = 0;
@@ -88,19 +91,7 @@ async fn publish_large(port: u16, queue: &str, fill: u8) -> RawConnection {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_from_many_publishers_at_once_all_arrive_within_the_watermark() {
-    let port = free_port();
-    let root = fresh_dir("large-messages");
-    let config = root.join("sluice.conf");
-    std::fs::write(
-        &config,
-        format!("vm_memory_high_watermark.absolute = {WATERMARK_MIB}MiB\n"),
-    )
-    .unwrap();
-    let server = Server(
-        server_command(port, &root.join("data"), Some(&config))
-            .spawn()
-            .unwrap(),
-    );
+    let (server, root, port) = start_broker("large-messages");
     let pid = server.0.id();
     let connection = connect(port).await;
     let channel = connection.create_channel().await.unwrap();
@@ -180,19 +171,7 @@ async fn large_messages_from_many_publishers_at_once_all_arrive_within_the_water
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_interleaved_on_one_connection_past_the_bound_both_arrive() {
     const INTERLEAVED_BODY_BYTES: usize = 100 << 20;
-    let port = free_port();
-    let root = fresh_dir("large-interleaved");
-    let config = root.join("sluice.conf");
-    std::fs::write(
-        &config,
-        format!("vm_memory_high_watermark.absolute = {WATERMARK_MIB}MiB\n"),
-    )
-    .unwrap();
-    let _server = Server(
-        server_command(port, &root.join("data"), Some(&config))
-            .spawn()
-            .unwrap(),
-    );
+    let (_server, root, port) = start_broker("large-interleaved");
     let connection = connect(port).await;
     let channel = connection.create_channel().await.unwrap();
     channel
@@ -207,22 +186,12 @@ async fn large_messages_interleaved_on_one_connection_past_the_bound_both_arrive
     let mut publisher = RawConnection::open(port, 2).await;
     let mut out = BytesMut::new();
     for channel_id in [1, 2] {
-        method(
+        publish_header(
             &mut out,
             channel_id,
-            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-                exchange: "".into(),
-                routing_key: "interleaved".into(),
-                mandatory: false,
-                immediate: false,
-            })),
+            "interleaved",
+            INTERLEAVED_BODY_BYTES as u64,
         );
-        let mut header = BytesMut::new();
-        header.put_u16(60);
-        header.put_u16(0);
-        header.put_u64(INTERLEAVED_BODY_BYTES as u64);
-        header.put_u16(0);
-        frame(&mut out, FrameType::Header, channel_id, &header);
     }
     publisher.stream.write_all(&out).await.unwrap();
     let chunk = vec![9u8; FRAME_MAX as usize - 8];

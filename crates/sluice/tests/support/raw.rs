@@ -30,6 +30,13 @@ pub fn frame(out: &mut BytesMut, frame_type: FrameType, channel_id: u16, payload
 /// A persistent-less publish of `body` to the default exchange with
 /// `routing_key`: method, header and body frames.
 pub fn publish(out: &mut BytesMut, channel_id: u16, routing_key: &str, body: &[u8]) {
+    publish_header(out, channel_id, routing_key, body.len() as u64);
+    frame(out, FrameType::Body, channel_id, body);
+}
+
+/// The method and content header of a publish whose body of `body_size`
+/// bytes the caller sends in frames of its own.
+pub fn publish_header(out: &mut BytesMut, channel_id: u16, routing_key: &str, body_size: u64) {
     method(
         out,
         channel_id,
@@ -43,10 +50,9 @@ pub fn publish(out: &mut BytesMut, channel_id: u16, routing_key: &str, body: &[u
     let mut header = BytesMut::with_capacity(14);
     header.put_u16(60);
     header.put_u16(0);
-    header.put_u64(body.len() as u64);
+    header.put_u64(body_size);
     header.put_u16(0);
     frame(out, FrameType::Header, channel_id, &header);
-    frame(out, FrameType::Body, channel_id, body);
 }
 
 /// An open connection as guest to vhost `/`, heartbeats off, with channels
