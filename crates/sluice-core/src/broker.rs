@@ -5,7 +5,9 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::definitions::DefinitionStore;
+use crate::access::{AccessControl, FirstStartDefaults, LoginError, LoginThrottle};
+use crate::definitions::{DefinitionStore, VhostDefinitions};
+use crate::metadata::MetadataCommand;
 use crate::metadata::{MetadataProposer, NodeIdentity};
 use crate::policy::{Policy, VhostPolicies};
 use crate::queue::ConnectionId;
@@ -13,30 +15,11 @@ use crate::queue_location::QueueLocator;
 use crate::reply_to::ReplyRegistry;
 use crate::vhost::{RecoveryError, VhostServices, VirtualHost};
 
-pub struct User {
-    pub name: String,
-    password: String,
+pub struct BrokerSettings {
+    /// What the cluster's first start creates (`default_user` and the like).
+    pub defaults: FirstStartDefaults,
     /// Users who may connect only from a loopback address, like RabbitMQ's
     /// `loopback_users` (guest by default).
-    pub loopback_only: bool,
-}
-
-/// Why a login was refused. The client only ever hears RabbitMQ's generic
-/// ACCESS_REFUSED; the reason goes to the log.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum LoginError {
-    #[error("user '{0}' does not exist")]
-    UnknownUser(String),
-    #[error("invalid credentials for user '{0}'")]
-    WrongPassword(String),
-    #[error("user '{0}' can only connect via localhost")]
-    LoopbackOnly(String),
-}
-
-pub struct BrokerSettings {
-    pub default_user: String,
-    pub default_pass: String,
-    pub default_vhost: String,
     pub loopback_users: Vec<String>,
     /// Policies from the definitions file, for every vhost.
     pub policies: Vec<Policy>,
@@ -60,7 +43,12 @@ pub struct Broker {
     pub metadata: Arc<MetadataProposer>,
     /// Between [`Self::begin_start`] and [`Self::finish_start`].
     starting: std::sync::atomic::AtomicBool,
-    users: RwLock<HashMap<String, User>>,
+    /// Users, permissions and vhost limits, as the metadata log holds them.
+    pub access: AccessControl,
+    /// Failed logins slow down the next ones from the same address.
+    pub login_throttle: LoginThrottle,
+    defaults: FirstStartDefaults,
+    loopback_users: Vec<String>,
     next_connection_id: AtomicU64,
     /// Policies by vhost, handed to each vhost when it is created.
     policies: HashMap<String, VhostPolicies>,
@@ -93,7 +81,10 @@ impl Broker {
             node: settings.node.clone(),
             metadata: Arc::default(),
             starting: std::sync::atomic::AtomicBool::new(false),
-            users: RwLock::new(HashMap::new()),
+            access: AccessControl::default(),
+            login_throttle: LoginThrottle::default(),
+            defaults: settings.defaults.clone(),
+            loopback_users: settings.loopback_users.clone(),
             next_connection_id: AtomicU64::new((u64::from(settings.node_number) << 48) + 1),
             policies: by_vhost
                 .into_iter()
@@ -102,13 +93,22 @@ impl Broker {
             reply_to: Arc::new(ReplyRegistry::default()),
             queue_locator: settings.queue_locator,
         };
-        broker.add_vhost(&settings.default_vhost);
-        broker.add_user(
-            &settings.default_user,
-            &settings.default_pass,
-            settings.loopback_users.contains(&settings.default_user),
-        );
+        if broker.store.is_none() {
+            // Nothing to replay: seeded here, as a first start.
+            let seed = broker.seed_command(true);
+            broker.apply_metadata(0, seed);
+        }
         broker
+    }
+
+    /// What this node proposes as it starts: the default vhost, user and
+    /// permissions, created only if the cluster never had them. A node
+    /// given users or vhosts by a definitions file creates none
+    /// (`with_defaults` false), as RabbitMQ seeds nothing then.
+    pub fn seed_command(&self, with_defaults: bool) -> MetadataCommand {
+        MetadataCommand::SeedAccess {
+            defaults: with_defaults.then(|| self.defaults.to_access()),
+        }
     }
 
     /// This node, as the metadata names it.
@@ -168,6 +168,19 @@ impl Broker {
         }))
     }
 
+    /// Deletes the vhost: its queues (with what they hold on disk), its
+    /// exchanges and bindings.
+    pub fn remove_vhost(&self, name: &str) {
+        let Some(vhost) = self.vhost(name) else {
+            return;
+        };
+        vhost.restore(&VhostDefinitions::default());
+        self.vhosts
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name);
+    }
+
     pub fn vhost(&self, name: &str) -> Option<Arc<VirtualHost>> {
         self.vhosts
             .read()
@@ -185,34 +198,16 @@ impl Broker {
             .collect()
     }
 
-    pub fn add_user(&self, name: &str, password: &str, loopback_only: bool) {
-        let user = User {
-            name: name.to_owned(),
-            password: password.to_owned(),
-            loopback_only,
-        };
-        self.users
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(name.to_owned(), user);
-    }
-
     /// Checks a username and password presented from `peer`.
     pub fn login(&self, name: &str, password: &str, peer: IpAddr) -> Result<(), LoginError> {
-        let users = self
-            .users
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let user = users
-            .get(name)
-            .ok_or_else(|| LoginError::UnknownUser(name.to_owned()))?;
-        if !constant_time_equal(user.password.as_bytes(), password.as_bytes()) {
-            return Err(LoginError::WrongPassword(name.to_owned()));
-        }
-        if user.loopback_only && !peer.is_loopback() && !is_ipv4_mapped_loopback(peer) {
-            return Err(LoginError::LoopbackOnly(name.to_owned()));
-        }
-        Ok(())
+        self.access
+            .login(name, password, peer, &self.loopback_users)
+    }
+
+    /// A login vouched for by a verified client certificate.
+    pub fn login_without_password(&self, name: &str, peer: IpAddr) -> Result<(), LoginError> {
+        self.access
+            .login_without_password(name, peer, &self.loopback_users)
     }
 
     pub fn next_connection_id(&self) -> ConnectionId {
@@ -220,33 +215,14 @@ impl Broker {
     }
 }
 
-fn is_ipv4_mapped_loopback(peer: IpAddr) -> bool {
-    match peer {
-        IpAddr::V6(address) => address.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-        IpAddr::V4(_) => false,
-    }
-}
-
-/// Compares passwords in time independent of where they differ.
-fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
-    if left.len() != right.len() {
-        return false;
-    }
-    left.iter()
-        .zip(right)
-        .fold(0u8, |difference, (a, b)| difference | (a ^ b))
-        == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::{Permission, ResourceKind};
 
-    fn broker() -> Broker {
+    fn broker(defaults: FirstStartDefaults) -> Broker {
         Broker::new(&BrokerSettings {
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
-            default_vhost: "/".into(),
+            defaults,
             loopback_users: vec!["guest".into()],
             policies: Vec::new(),
             node: NodeIdentity::new(NodeIdentity::STANDALONE),
@@ -256,25 +232,40 @@ mod tests {
     }
 
     #[test]
-    fn broker_guest_only_from_loopback() {
-        let broker = broker();
-        assert!(broker
-            .login("guest", "guest", "127.0.0.1".parse().unwrap())
-            .is_ok());
-        assert!(broker
-            .login("guest", "guest", "::ffff:127.0.0.1".parse().unwrap())
-            .is_ok());
+    fn broker_first_start_creates_the_default_vhost_and_user() {
+        let broker = broker(FirstStartDefaults::default());
+        let loopback = "127.0.0.1".parse().unwrap();
+        assert!(broker.login("guest", "guest", loopback).is_ok());
         assert_eq!(
             broker.login("guest", "guest", "10.0.0.5".parse().unwrap()),
             Err(LoginError::LoopbackOnly("guest".into()))
         );
-        assert_eq!(
-            broker.login("guest", "nope", "127.0.0.1".parse().unwrap()),
-            Err(LoginError::WrongPassword("guest".into()))
-        );
-        assert!(broker
-            .login("nobody", "x", "127.0.0.1".parse().unwrap())
-            .is_err());
         assert!(broker.vhost("/").is_some());
+        assert!(broker.access.permissions("guest", "/").is_some());
+        assert!(broker.access.has_tag("guest", "administrator"));
+        // A node starting later proposes the seed again: nothing changes.
+        broker.apply_metadata(1, broker.seed_command(true));
+        assert!(broker.login("guest", "guest", loopback).is_ok());
+    }
+
+    #[test]
+    fn broker_default_settings_shape_what_is_seeded() {
+        let broker = broker(FirstStartDefaults {
+            user: "admin".into(),
+            pass: "s3cret".into(),
+            vhost: "prod".into(),
+            user_tags: Vec::new(),
+            configure: "^$".into(),
+            write: "amq\\.default".into(),
+            read: ".*".into(),
+        });
+        let anywhere = "10.0.0.5".parse().unwrap();
+        assert!(broker.login("admin", "s3cret", anywhere).is_ok());
+        assert!(broker.login("guest", "guest", anywhere).is_err());
+        assert!(broker.vhost("prod").is_some());
+        assert!(broker.vhost("/").is_none());
+        let permissions = broker.access.permissions("admin", "prod").unwrap();
+        assert!(!permissions.allows(Permission::Configure, ResourceKind::Queue, "q"));
+        assert!(permissions.allows(Permission::Write, ResourceKind::Exchange, ""));
     }
 }

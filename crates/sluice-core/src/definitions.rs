@@ -12,6 +12,7 @@ use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 use sluice_store::{GroupCommit, StoreError};
 
+use crate::access::AccessDefinitions;
 use crate::pager::{Pager, QueueStorage};
 use crate::paging::StoreSettings;
 
@@ -25,6 +26,10 @@ const PAGING_DIR: &str = "paging";
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Definitions {
     pub vhosts: BTreeMap<String, VhostDefinitions>,
+    /// Users, permissions and vhost limits; absent from snapshots written
+    /// before the metadata log held them.
+    #[serde(default)]
+    pub access: AccessDefinitions,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

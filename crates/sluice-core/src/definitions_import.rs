@@ -2,8 +2,9 @@
 //! the management UI write), loaded at start from the file the
 //! `load_definitions` key names.
 //!
-//! Sluice reads its `policies`, `exchanges`, `queues` and `bindings`
-//! sections; the others (users, vhosts, permissions, parameters, ...) are
+//! Sluice reads its `vhosts`, `users`, `permissions`, vhost limits (in
+//! `parameters`), `policies`, `exchanges`, `queues` and `bindings`
+//! sections; the others (topic permissions, global parameters, ...) are
 //! not acted on and are named in the log. Policies shape how objects behave
 //! from their creation on, so they are handed to the broker before anything
 //! is recovered or declared; the objects are then declared through the
@@ -14,6 +15,10 @@ use std::path::{Path, PathBuf};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 use serde::Deserialize;
 
+use crate::access::{
+    HashingAlgorithm, PasswordHash, PermissionDefinition, UserDefinition, VhostLimits,
+    VhostPermissions,
+};
 use crate::definitions::QueueDefinition;
 use crate::metadata::{BindingChange, MetadataCommand, NodeIdentity};
 use crate::policy::{Policy, PolicyError, PolicyJson};
@@ -21,6 +26,15 @@ use crate::policy::{Policy, PolicyError, PolicyJson};
 /// The sections of a definitions file Sluice reads.
 #[derive(Debug, Default, Deserialize)]
 pub struct DefinitionsFile {
+    #[serde(default)]
+    pub vhosts: Vec<VhostJson>,
+    #[serde(default)]
+    pub users: Vec<UserJson>,
+    #[serde(default)]
+    pub permissions: Vec<PermissionDefinition>,
+    /// Runtime parameters; those of component `vhost-limits` are read.
+    #[serde(default)]
+    pub parameters: Vec<ParameterJson>,
     #[serde(default)]
     pub policies: Vec<PolicyJson>,
     #[serde(default)]
@@ -32,6 +46,59 @@ pub struct DefinitionsFile {
     /// Every other section, only to name it in the log.
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct VhostJson {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UserJson {
+    pub name: String,
+    #[serde(default)]
+    pub password_hash: String,
+    /// Absent in exports of RabbitMQ before 3.6, whose hashes are MD5.
+    #[serde(default)]
+    pub hashing_algorithm: Option<String>,
+    #[serde(default)]
+    pub tags: UserTags,
+}
+
+/// A list since RabbitMQ 3.9, a comma-separated string before.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum UserTags {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl Default for UserTags {
+    fn default() -> Self {
+        Self::List(Vec::new())
+    }
+}
+
+impl UserTags {
+    fn to_vec(&self) -> Vec<String> {
+        match self {
+            Self::List(tags) => tags.clone(),
+            Self::Text(text) => text
+                .split(',')
+                .map(str::trim)
+                .filter(|tag| !tag.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ParameterJson {
+    pub vhost: String,
+    pub component: String,
+    pub name: String,
+    pub value: serde_json::Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +159,8 @@ pub enum DefinitionsFileError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("definitions file {}: {what}", path.display())]
+    Entry { path: PathBuf, what: String },
     #[error("definitions file {}", path.display())]
     Policy {
         path: PathBuf,
@@ -100,11 +169,89 @@ pub enum DefinitionsFileError {
     },
 }
 
-/// A definitions file, read and its policies validated.
+/// A definitions file, read and its policies, users and permissions
+/// validated.
 #[derive(Debug)]
 pub struct LoadedDefinitions {
     pub policies: Vec<Policy>,
     pub file: DefinitionsFile,
+    /// The users as the metadata log carries them.
+    pub users: Vec<UserDefinition>,
+    pub vhost_limits: Vec<(String, VhostLimits)>,
+}
+
+impl LoadedDefinitions {
+    /// Whether the file brings users or vhosts of its own: then the node
+    /// creates no default ones, as RabbitMQ.
+    pub fn brings_access(&self) -> bool {
+        !self.file.users.is_empty() || !self.file.vhosts.is_empty()
+    }
+
+    /// The metadata changes that make this file's vhosts, users,
+    /// permissions and limits, then declare its exchanges, queues and
+    /// bindings, in that order. The caller proposes them one by one and
+    /// logs what fails, so one bad entry does not keep the rest from
+    /// loading.
+    pub fn metadata_commands(&self, node: &NodeIdentity) -> Vec<MetadataCommand> {
+        let mut commands: Vec<MetadataCommand> = self
+            .file
+            .vhosts
+            .iter()
+            .map(|vhost| MetadataCommand::PutVhost {
+                name: vhost.name.clone(),
+            })
+            .collect();
+        commands.extend(
+            self.users
+                .iter()
+                .map(|user| MetadataCommand::PutUser { user: user.clone() }),
+        );
+        commands.extend(self.file.permissions.iter().map(|permissions| {
+            MetadataCommand::SetPermissions {
+                permissions: permissions.clone(),
+            }
+        }));
+        commands.extend(self.vhost_limits.iter().map(|(vhost, limits)| {
+            MetadataCommand::SetVhostLimits {
+                vhost: vhost.clone(),
+                limits: *limits,
+            }
+        }));
+        commands.extend(self.file.metadata_commands(node));
+        commands
+    }
+}
+
+/// A user entry as the metadata log carries it, its hash checked.
+fn user_definition(user: &UserJson) -> Result<UserDefinition, String> {
+    let hashing_algorithm = HashingAlgorithm::from_definitions(user.hashing_algorithm.as_deref())
+        .map_err(|error| format!("user '{}': {error}", user.name))?;
+    PasswordHash::from_base64(&user.password_hash)
+        .map_err(|error| format!("user '{}': {error}", user.name))?;
+    Ok(UserDefinition {
+        name: user.name.clone(),
+        password_hash: user.password_hash.clone(),
+        hashing_algorithm,
+        tags: user.tags.to_vec(),
+    })
+}
+
+/// `{"max-connections": N, "max-queues": N}`; a negative limit is none.
+fn vhost_limits(value: &serde_json::Value) -> Result<VhostLimits, String> {
+    let limit = |key: &str| -> Result<Option<u64>, String> {
+        match value.get(key) {
+            None => Ok(None),
+            Some(limit) => match limit.as_i64() {
+                Some(negative) if negative < 0 => Ok(None),
+                Some(limit) => Ok(Some(limit as u64)),
+                None => Err(format!("vhost limit '{key}' is not an integer: {limit}")),
+            },
+        }
+    };
+    Ok(VhostLimits {
+        max_connections: limit("max-connections")?,
+        max_queues: limit("max-queues")?,
+    })
 }
 
 /// Reads and validates a definitions file.
@@ -132,18 +279,55 @@ pub fn load_definitions(path: &Path) -> Result<LoadedDefinitions, DefinitionsFil
             path: path.to_owned(),
             source,
         })?;
+    let entry_error = |what: String| DefinitionsFileError::Entry {
+        path: path.to_owned(),
+        what,
+    };
+    let users = file
+        .users
+        .iter()
+        .map(user_definition)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(entry_error)?;
+    for permissions in &file.permissions {
+        VhostPermissions::compile(permissions).map_err(|error| {
+            entry_error(format!(
+                "permissions of user '{}' in vhost '{}': {}",
+                permissions.user, permissions.vhost, error.text
+            ))
+        })?;
+    }
+    let mut limits = Vec::new();
+    for parameter in &file.parameters {
+        if parameter.component == "vhost-limits" {
+            let parsed = vhost_limits(&parameter.value).map_err(|error| {
+                entry_error(format!("limits of vhost '{}': {error}", parameter.vhost))
+            })?;
+            limits.push((parameter.vhost.clone(), parsed));
+        } else {
+            tracing::info!(component = %parameter.component, name = %parameter.name, "definitions file: parameter not acted on");
+        }
+    }
     for section in file.other.keys() {
         tracing::info!(section = %section, "definitions file: section not acted on");
     }
     tracing::info!(
         path = %path.display(),
+        vhosts = file.vhosts.len(),
+        users = users.len(),
+        permissions = file.permissions.len(),
         policies = policies.len(),
         exchanges = file.exchanges.len(),
         queues = file.queues.len(),
         bindings = file.bindings.len(),
         "loaded definitions file"
     );
-    Ok(LoadedDefinitions { policies, file })
+    Ok(LoadedDefinitions {
+        policies,
+        file,
+        users,
+        vhost_limits: limits,
+    })
 }
 
 /// JSON argument values as RabbitMQ's definitions import types them.
@@ -179,10 +363,8 @@ fn json_to_value(value: &serde_json::Value) -> AMQPValue {
 impl DefinitionsFile {
     /// The metadata changes that declare this file's exchanges, queues and
     /// bindings, in that order, as a client would: what exists already is
-    /// checked for equivalence. Its queues live on `node`. The caller
-    /// proposes them one by one and logs what fails, so one bad entry does
-    /// not keep the rest from loading.
-    pub fn metadata_commands(&self, node: &NodeIdentity) -> Vec<MetadataCommand> {
+    /// checked for equivalence. Its queues live on `node`.
+    fn metadata_commands(&self, node: &NodeIdentity) -> Vec<MetadataCommand> {
         let mut commands = Vec::new();
         for exchange in &self.exchanges {
             commands.push(MetadataCommand::DeclareExchange {
@@ -236,7 +418,10 @@ mod tests {
     fn definitions_import_reads_rabbitmq_export_sections() {
         let text = r##"{
             "rabbit_version": "3.10.8",
-            "users": [],
+            "users": [{"name": "bob", "password_hash": "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+                       "hashing_algorithm": "rabbit_password_hashing_sha256",
+                       "tags": "monitoring, management", "limits": {}}],
+            "topic_permissions": [],
             "policies": [{"vhost": "/", "name": "limit", "pattern": "^q\\.",
                           "apply-to": "queues", "priority": 1,
                           "definition": {"max-length": 10, "ha-mode": "all"}}],
@@ -250,7 +435,14 @@ mod tests {
         }"##;
         let file: DefinitionsFile = serde_json::from_str(text).unwrap();
         assert_eq!(file.policies.len(), 1);
-        assert!(file.other.contains_key("users"));
+        assert!(file.other.contains_key("topic_permissions"));
+        let user = user_definition(&file.users[0]).unwrap();
+        assert_eq!(
+            user.tags,
+            ["monitoring", "management"],
+            "pre-3.9 tags as one string"
+        );
+        assert_eq!(user.hashing_algorithm, HashingAlgorithm::Sha256);
         let policy = Policy::from_json(&file.policies[0]).unwrap();
         assert_eq!(policy.definition.max_length, Some(10));
         let arguments = json_to_table(&file.queues[0].arguments);

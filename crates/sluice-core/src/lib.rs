@@ -35,6 +35,7 @@
 //! - [`reply_to`]: direct reply-to consumers and their tokens.
 //! - [`error`]: errors carrying the AMQP reply a client expects.
 
+pub mod access;
 pub mod arguments;
 pub mod broker;
 pub mod classic_queue;

@@ -3,10 +3,13 @@
 //! command needs (names, owners, homes) travels in it, and the log index
 //! it landed at names what it creates.
 
+use std::sync::Arc;
+
+use crate::access::DefaultAccess;
 use crate::broker::Broker;
-use crate::error::AmqpResult;
+use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::Destination;
-use crate::vhost::ExchangeDeclaration;
+use crate::vhost::{ExchangeDeclaration, VirtualHost};
 
 use crate::metadata::{BindingChange, MetadataCommand, MetadataReply};
 
@@ -27,7 +30,7 @@ impl Broker {
                 internal,
                 arguments,
             } => self
-                .add_vhost(&vhost)
+                .vhost_for_change(&vhost)?
                 .declare_exchange(ExchangeDeclaration {
                     name: &name,
                     kind: &kind,
@@ -41,7 +44,9 @@ impl Broker {
                 vhost,
                 name,
                 if_unused,
-            } => self.add_vhost(&vhost).delete_exchange(&name, if_unused),
+            } => self
+                .vhost_for_change(&vhost)?
+                .delete_exchange(&name, if_unused),
             MetadataCommand::DeclareQueue {
                 vhost,
                 mut queue,
@@ -53,9 +58,9 @@ impl Broker {
                     // never reused by a later queue of the same name.
                     queue.store_id = Some(format!("{index:016x}"));
                 }
-                self.add_vhost(&vhost)
-                    .apply_declare_queue(&queue, connection)
-                    .map(drop)
+                let vhost = self.vhost_for_change(&vhost)?;
+                self.check_queue_limit(&vhost, &queue.name)?;
+                vhost.apply_declare_queue(&queue, connection).map(drop)
             }
             MetadataCommand::DeleteQueue {
                 vhost,
@@ -94,11 +99,93 @@ impl Broker {
                 }
                 Ok(())
             }
+            MetadataCommand::SeedAccess { defaults } => {
+                self.seed_access(defaults);
+                Ok(())
+            }
+            MetadataCommand::PutVhost { name } => {
+                self.add_vhost(&name);
+                Ok(())
+            }
+            MetadataCommand::DeleteVhost { name } => {
+                self.existing_vhost(&name)?;
+                self.remove_vhost(&name);
+                self.access.forget_vhost(&name);
+                Ok(())
+            }
+            MetadataCommand::PutUser { user } => self.access.put_user(user),
+            MetadataCommand::DeleteUser { name } => self.access.delete_user(&name),
+            MetadataCommand::SetPermissions { permissions } => {
+                self.existing_vhost(&permissions.vhost)?;
+                self.access.set_permissions(permissions)
+            }
+            MetadataCommand::ClearPermissions { user, vhost } => {
+                self.access.clear_permissions(&user, &vhost);
+                Ok(())
+            }
+            MetadataCommand::SetVhostLimits { vhost, limits } => {
+                self.existing_vhost(&vhost)?;
+                self.access.set_vhost_limits(&vhost, limits);
+                Ok(())
+            }
+        }
+    }
+
+    /// The vhost a change names. A metadata log written before vhosts were
+    /// kept in it (not yet seeded) names them without creating them first.
+    fn vhost_for_change(&self, name: &str) -> AmqpResult<Arc<VirtualHost>> {
+        match self.vhost(name) {
+            Some(vhost) => Ok(vhost),
+            None if !self.access.is_seeded() => Ok(self.add_vhost(name)),
+            None => Err(AmqpError::not_allowed(format!("vhost {name} not found"))),
+        }
+    }
+
+    fn existing_vhost(&self, name: &str) -> AmqpResult<Arc<VirtualHost>> {
+        self.vhost(name)
+            .ok_or_else(|| AmqpError::not_found(format!("vhost '{name}' does not exist")))
+    }
+
+    /// `max-queues`: counted when a new queue is declared, with RabbitMQ's
+    /// text; a redeclaration of an existing queue is not refused.
+    fn check_queue_limit(&self, vhost: &VirtualHost, queue: &str) -> AmqpResult<()> {
+        let Some(limit) = self.access.vhost_limits(&vhost.name).max_queues else {
+            return Ok(());
+        };
+        if vhost.has_queue(queue) || (vhost.queue_count() as u64) < limit {
+            return Ok(());
+        }
+        Err(AmqpError::precondition_failed(format!(
+            "cannot declare queue '{queue}': queue limit in vhost '{}' ({limit}) is reached",
+            vhost.name
+        )))
+    }
+
+    /// The first seed applied acts, the ones after it do nothing.
+    fn seed_access(&self, defaults: Option<DefaultAccess>) {
+        if !self.access.mark_seeded() {
+            return;
+        }
+        let Some(defaults) = defaults else {
+            return;
+        };
+        self.add_vhost(&defaults.vhost);
+        // A user of the same name (a definitions file's) is left as it is.
+        if !self.access.user_exists(&defaults.user.name) {
+            if let Err(error) = self.access.put_user(defaults.user) {
+                tracing::error!(%error, "the default user was not created");
+            }
+        }
+        let (user, vhost) = (&defaults.permissions.user, &defaults.permissions.vhost);
+        if self.access.permissions(user, vhost).is_none() {
+            if let Err(error) = self.access.set_permissions(defaults.permissions) {
+                tracing::error!(%error, "the default user's permissions were not set");
+            }
         }
     }
 
     fn apply_binding(&self, change: BindingChange, bind: bool) -> AmqpResult<()> {
-        let vhost = self.add_vhost(&change.vhost);
+        let vhost = self.vhost_for_change(&change.vhost)?;
         let destination = if change.destination_is_queue {
             Destination::Queue(change.destination.as_str().into())
         } else {

@@ -2,10 +2,10 @@
 //! the node brought to such a value.
 
 use crate::broker::Broker;
-use crate::definitions::{Definitions, VhostDefinitions};
+use crate::definitions::Definitions;
 
 impl Broker {
-    /// Every vhost's exchanges, queues and bindings.
+    /// Every vhost's exchanges, queues and bindings, and who may use them.
     pub fn metadata_snapshot(&self) -> Definitions {
         let mut definitions = Definitions::default();
         for vhost in self.vhosts() {
@@ -13,21 +13,23 @@ impl Broker {
                 .vhosts
                 .insert(vhost.name.to_string(), vhost.definitions());
         }
+        definitions.access = self.access.snapshot();
         definitions
     }
 
     /// Makes the node's metadata exactly `definitions`: a node restarting
-    /// from a snapshot, or one that fell behind and was sent one.
+    /// from a snapshot, or one that fell behind and was sent one. A vhost
+    /// the snapshot does not have was deleted meanwhile.
     pub fn restore_metadata(&self, definitions: &Definitions) {
         for (name, vhost_definitions) in &definitions.vhosts {
             self.add_vhost(name).restore(vhost_definitions);
         }
-        let empty = VhostDefinitions::default();
         for vhost in self.vhosts() {
             if !definitions.vhosts.contains_key(&*vhost.name) {
-                vhost.restore(&empty);
+                self.remove_vhost(&vhost.name);
             }
         }
+        self.access.restore(&definitions.access);
     }
 }
 
@@ -35,15 +37,14 @@ impl Broker {
 mod tests {
     use amq_protocol::types::FieldTable;
 
+    use crate::access::{PermissionDefinition, UserDefinition, VhostLimits};
     use crate::broker::{Broker, BrokerSettings};
     use crate::definitions::QueueDefinition;
     use crate::metadata::{BindingChange, MetadataCommand, MetadataReply, NodeIdentity};
 
     fn node(name: &str) -> Broker {
         Broker::new(&BrokerSettings {
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
-            default_vhost: "/".into(),
+            defaults: Default::default(),
             loopback_users: Vec::new(),
             policies: Vec::new(),
             node: NodeIdentity::new(name),
@@ -55,19 +56,23 @@ mod tests {
     fn queue(name: &str, home: &str, durable: bool) -> MetadataCommand {
         MetadataCommand::DeclareQueue {
             vhost: "/".into(),
-            queue: QueueDefinition {
-                name: name.into(),
-                store_id: None,
-                durable,
-                auto_delete: false,
-                arguments: FieldTable::default(),
-                exclusive_owner: None,
-                home: Some(home.into()),
-                home_incarnation: 7,
-                declared_at: 0,
-                members: Vec::new(),
-            },
+            queue: queue_definition(name, home, durable),
             connection: 0,
+        }
+    }
+
+    fn queue_definition(name: &str, home: &str, durable: bool) -> QueueDefinition {
+        QueueDefinition {
+            name: name.into(),
+            store_id: None,
+            durable,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+            exclusive_owner: None,
+            home: Some(home.into()),
+            home_incarnation: 7,
+            declared_at: 0,
+            members: Vec::new(),
         }
     }
 
@@ -110,12 +115,47 @@ mod tests {
             MetadataCommand::NodeDown {
                 node: "b@h:2".into(),
             },
+            MetadataCommand::PutVhost {
+                name: "staging".into(),
+            },
+            MetadataCommand::PutUser {
+                user: UserDefinition::with_password("bob", "pw", Vec::new()),
+            },
+            permissions("bob", "staging"),
+            permissions("bob", "missing"),
+            MetadataCommand::DeclareQueue {
+                vhost: "staging".into(),
+                queue: queue_definition("jobs", "a@h:1", true),
+                connection: 0,
+            },
+            MetadataCommand::DeleteVhost {
+                name: "staging".into(),
+            },
+            MetadataCommand::DeclareQueue {
+                vhost: "staging".into(),
+                queue: queue_definition("late", "a@h:1", true),
+                connection: 0,
+            },
         ]
+    }
+
+    fn permissions(user: &str, vhost: &str) -> MetadataCommand {
+        MetadataCommand::SetPermissions {
+            permissions: PermissionDefinition {
+                user: user.into(),
+                vhost: vhost.into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            },
+        }
     }
 
     #[test]
     fn metadata_nodes_applying_the_same_log_agree_on_state_and_replies() {
         let (first, second) = (node("a@h:1"), node("b@h:2"));
+        // One seed for both, as a cluster's log carries one.
+        second.restore_metadata(&first.metadata_snapshot());
         for (index, command) in history().into_iter().enumerate() {
             let index = index as u64 + 1;
             let one = first.apply_metadata(index, command.clone());
@@ -139,6 +179,74 @@ mod tests {
             vhost.bindings.len(),
             1,
             "the deleted queue's binding went with it"
+        );
+        assert!(
+            !snapshot.vhosts.contains_key("staging"),
+            "deleted with its queue"
+        );
+        let users: Vec<&str> = snapshot
+            .access
+            .users
+            .iter()
+            .map(|user| user.name.as_str())
+            .collect();
+        assert_eq!(users, ["bob", "guest"]);
+        assert_eq!(
+            snapshot.access.permissions.len(),
+            1,
+            "guest's on '/'; bob's went with 'staging'"
+        );
+    }
+
+    #[test]
+    fn metadata_changes_in_a_missing_vhost_are_refused() {
+        let broker = node("a@h:1");
+        let refused = |reply: MetadataReply| match reply {
+            MetadataReply::Refused { code, text } => (code, text),
+            MetadataReply::Done => panic!("refused"),
+        };
+        assert_eq!(
+            refused(broker.apply_metadata(1, permissions("guest", "nope"))),
+            (404, "vhost 'nope' does not exist".to_owned())
+        );
+        let declare = MetadataCommand::DeclareQueue {
+            vhost: "nope".into(),
+            queue: queue_definition("q", "a@h:1", true),
+            connection: 0,
+        };
+        assert_eq!(
+            refused(broker.apply_metadata(2, declare)),
+            (530, "vhost nope not found".to_owned())
+        );
+        assert!(broker.vhost("nope").is_none());
+    }
+
+    #[test]
+    fn metadata_max_queues_refuses_new_queues_only() {
+        let broker = node("a@h:1");
+        let limits = MetadataCommand::SetVhostLimits {
+            vhost: "/".into(),
+            limits: VhostLimits {
+                max_connections: None,
+                max_queues: Some(1),
+            },
+        };
+        assert_eq!(broker.apply_metadata(1, limits), MetadataReply::Done);
+        assert_eq!(
+            broker.apply_metadata(2, queue("one", "a@h:1", true)),
+            MetadataReply::Done
+        );
+        assert_eq!(
+            broker.apply_metadata(3, queue("one", "a@h:1", true)),
+            MetadataReply::Done,
+            "a redeclaration is not a new queue"
+        );
+        assert_eq!(
+            broker.apply_metadata(4, queue("two", "a@h:1", true)),
+            MetadataReply::Refused {
+                code: 406,
+                text: "cannot declare queue 'two': queue limit in vhost '/' (1) is reached".into()
+            }
         );
     }
 

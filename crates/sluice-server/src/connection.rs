@@ -170,6 +170,8 @@ pub async fn serve(
             connection_id,
             broker: Arc::clone(&broker),
             vhost: negotiated.vhost,
+            user: negotiated.user.as_str().into(),
+            vhost_slot: negotiated.vhost_slot,
             outbox: Arc::clone(&outbox),
             frame_max: negotiated.frame_max,
             channel_max: negotiated.channel_max,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sluice_core::broker::Broker;
 use sluice_core::queue::ConnectionId;
-use sluice_core::vhost::VirtualHost;
+use sluice_core::vhost::{VhostConnectionSlot, VirtualHost};
 
 use crate::bodies_under_way::BodiesUnderWay;
 use crate::connection_registry::ConnectionStats;
@@ -24,6 +24,11 @@ pub struct ConnectionContext {
     pub connection_id: ConnectionId,
     pub broker: Arc<Broker>,
     pub vhost: Arc<VirtualHost>,
+    /// Who logged in: whose permissions every operation is checked against.
+    pub user: Arc<str>,
+    /// The connection's place in its vhost's `max-connections`, held while
+    /// it is open.
+    pub vhost_slot: VhostConnectionSlot,
     pub outbox: Arc<Outbox>,
     pub frame_max: u32,
     pub channel_max: u16,

@@ -3,14 +3,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use amq_protocol::protocol::{connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use bytes::BytesMut;
+use sluice_core::access::{Attempt, LoginError};
 use sluice_core::broker::Broker;
 use sluice_core::error::AmqpError;
-use sluice_core::vhost::VirtualHost;
+use sluice_core::vhost::{VhostConnectionSlot, VirtualHost};
 use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
@@ -28,6 +29,8 @@ pub struct Negotiated {
     /// Zero disables heartbeats.
     pub heartbeat_secs: u16,
     pub vhost: Arc<VirtualHost>,
+    /// The connection's place in its vhost's `max-connections`.
+    pub vhost_slot: VhostConnectionSlot,
     pub user: String,
     pub client_capabilities: ClientCapabilities,
     pub client_properties: FieldTable,
@@ -255,12 +258,13 @@ pub async fn handshake(
     let (start_ok, user, client_capabilities) =
         authenticate(reader, writer, peer, broker, settings).await?;
     let (frame_max, channel_max, heartbeat_secs) = tune(reader, writer, settings).await?;
-    let vhost = open_vhost(reader, writer, broker, timeout).await?;
+    let (vhost, vhost_slot) = open_vhost(reader, writer, broker, &user, timeout).await?;
     Ok(Negotiated {
         frame_max,
         channel_max,
         heartbeat_secs,
         vhost,
+        vhost_slot,
         user,
         client_capabilities,
         client_properties: start_ok.client_properties,
@@ -300,7 +304,7 @@ async fn authenticate(
     let (user, password) = credentials(&mechanism, start_ok.response.as_bytes())
         .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
     let client_capabilities = capabilities_of(&start_ok.client_properties);
-    if let Err(reason) = broker.login(&user, &password, peer.ip()) {
+    if let Err(reason) = throttled_login(broker, &user, &password, peer, settings).await {
         tracing::warn!(%peer, %reason, "login refused");
         // As RabbitMQ: only a client that announced
         // authentication_failure_close is told why; others see the socket
@@ -317,6 +321,28 @@ async fn authenticate(
         ));
     }
     Ok((start_ok, user, client_capabilities))
+}
+
+/// Checks the credentials once the address's failed logins allow it.
+async fn throttled_login(
+    broker: &Broker,
+    user: &str,
+    password: &str,
+    peer: SocketAddr,
+    settings: &ServerSettings,
+) -> Result<(), LoginError> {
+    let throttle = &broker.login_throttle;
+    match throttle.attempt(peer.ip(), Instant::now(), settings.handshake_timeout) {
+        Attempt::Refuse => return Err(LoginError::Throttled),
+        Attempt::After(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+        Attempt::After(_) => {}
+    }
+    let checked = broker.login(user, password, peer.ip());
+    match &checked {
+        Ok(()) => throttle.succeeded(peer.ip()),
+        Err(_) => throttle.failed(peer.ip(), Instant::now()),
+    }
+    checked
 }
 
 /// connection.tune and tune-ok: the limits both sides accept, as
@@ -373,13 +399,16 @@ async fn tune(
     Ok((frame_max, channel_max, tune_ok.heartbeat))
 }
 
-/// connection.open: the vhost the client asks for, which must exist.
+/// connection.open: the vhost the client asks for, checked as RabbitMQ
+/// checks it: it exists, is under its `max-connections`, and the user has
+/// permissions there.
 async fn open_vhost(
     reader: &mut FrameReader,
     writer: &mut OwnedWriteHalf,
     broker: &Broker,
+    user: &str,
     timeout: Duration,
-) -> Result<Arc<VirtualHost>, HandshakeError> {
+) -> Result<(Arc<VirtualHost>, VhostConnectionSlot), HandshakeError> {
     let connection::AMQPMethod::Open(open) =
         expect_connection_method(reader, timeout, "connection.open").await?
     else {
@@ -390,19 +419,28 @@ async fn open_vhost(
         ));
     };
     let vhost_name = open.virtual_host.as_str();
+    let refused = |text: String| HandshakeError::Refused(AmqpError::not_allowed(text), 10, 40);
     let Some(vhost) = broker.vhost(vhost_name) else {
-        return Err(HandshakeError::Refused(
-            AmqpError::not_allowed(format!("vhost {vhost_name} not found")),
-            10,
-            40,
-        ));
+        return Err(refused(format!("vhost {vhost_name} not found")));
     };
+    let limit = broker.access.vhost_limits(vhost_name).max_connections;
+    let Some(slot) = vhost.open_connection(limit) else {
+        return Err(refused(format!(
+            "access to vhost '{vhost_name}' refused for user '{user}': connection limit ({}) is reached",
+            limit.unwrap_or_default()
+        )));
+    };
+    if broker.access.permissions(user, vhost_name).is_none() {
+        return Err(refused(format!(
+            "access to vhost '{vhost_name}' refused for user '{user}'"
+        )));
+    }
     send(
         writer,
         AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
     )
     .await?;
-    Ok(vhost)
+    Ok((vhost, slot))
 }
 
 /// Sends connection.close for a refused handshake and gives the client a

@@ -19,6 +19,7 @@
 //! - [`fd_limit`]: the file-descriptor limit, raised, and the connections it allows.
 //! - [`limits`]: every bound on a buffer or queue, in one place.
 
+pub mod access_check;
 pub mod alarm;
 pub mod bodies_under_way;
 pub mod channel;

@@ -9,6 +9,7 @@ use sluice_cluster::consensus::{ConsensusError, ConsensusNode, GroupSettings, Ra
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
 use sluice_cluster::node_name::NodeName;
+use sluice_core::access::FirstStartDefaults;
 use sluice_core::broker::{Broker, BrokerSettings};
 use sluice_core::definitions::DefinitionStore;
 use sluice_core::definitions_import::{load_definitions, DefinitionsFileError, LoadedDefinitions};
@@ -79,6 +80,8 @@ pub enum ServerError {
     Metadata(#[source] ConsensusError),
     #[error("cannot take over the single-node definitions: {0}")]
     TakeOver(String),
+    #[error("cannot create the default vhost and user: {0}")]
+    Seed(String),
 }
 
 /// A server that is accepting connections.
@@ -461,8 +464,17 @@ async fn catch_up(
             .map_err(ServerError::Store)?;
         tracing::info!("took over the definitions of a single-node data directory");
     }
+    // Every node proposes it; the first applied creates the defaults, and
+    // only on the cluster's first start (or the first with users kept in
+    // the metadata log).
+    let with_defaults = !loaded.is_some_and(LoadedDefinitions::brings_access);
+    broker
+        .metadata
+        .propose(broker.seed_command(with_defaults))
+        .await
+        .map_err(|error| ServerError::Seed(error.to_string()))?;
     if let Some(loaded) = loaded {
-        for command in loaded.file.metadata_commands(&node) {
+        for command in loaded.metadata_commands(&node) {
             if let Err(error) = broker.metadata.propose(command.clone()).await {
                 tracing::error!(?command, %error, "definitions file: skipping an entry");
             }
@@ -522,9 +534,15 @@ fn open_broker(
 ) -> Broker {
     Broker::open(
         &BrokerSettings {
-            default_user: config.default_user.clone(),
-            default_pass: config.default_pass.clone(),
-            default_vhost: config.default_vhost.clone(),
+            defaults: FirstStartDefaults {
+                user: config.default_user.clone(),
+                pass: config.default_pass.clone(),
+                vhost: config.default_vhost.clone(),
+                user_tags: config.default_user_tags.clone(),
+                configure: config.default_permissions.configure.clone(),
+                write: config.default_permissions.write.clone(),
+                read: config.default_permissions.read.clone(),
+            },
             loopback_users: config.loopback_users.clone(),
             policies: loaded
                 .map(|loaded| std::mem::take(&mut loaded.policies))

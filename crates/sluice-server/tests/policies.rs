@@ -37,7 +37,7 @@ impl Drop for DefinitionsFile {
 
 const DEFINITIONS: &str = r#"{
   "rabbit_version": "3.10.8",
-  "users": [{"name": "guest", "tags": "administrator"}],
+  "topic_permissions": [],
   "policies": [
     {"vhost": "/", "name": "limit", "pattern": "^limited\\.", "apply-to": "queues",
      "priority": 1, "definition": {"max-length": 2, "ha-mode": "all"}},

@@ -57,6 +57,7 @@ mod flag {
     pub const CORRELATION_ID: u16 = 1 << 10;
     pub const REPLY_TO: u16 = 1 << 9;
     pub const EXPIRATION: u16 = 1 << 8;
+    pub const USER_ID: u16 = 1 << 4;
     /// The lowest bit says another flags word follows; basic has only 14
     /// properties, so a set continuation bit is malformed.
     pub const CONTINUATION: u16 = 1;
@@ -181,6 +182,10 @@ impl RawProperties {
 
     pub fn has_headers(&self) -> bool {
         self.flags() & flag::HEADERS != 0
+    }
+
+    pub fn has_user_id(&self) -> bool {
+        self.flags() & flag::USER_ID != 0
     }
 
     pub fn has_reply_to(&self) -> bool {

@@ -3,6 +3,7 @@
 use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 
+use crate::access::{DefaultAccess, PermissionDefinition, UserDefinition, VhostLimits};
 use crate::definitions::{Definitions, QueueDefinition};
 use crate::error::{AmqpError, AmqpResult};
 use crate::queue::ConnectionId;
@@ -66,6 +67,39 @@ pub enum MetadataCommand {
     TakeOver {
         node: String,
         definitions: Definitions,
+    },
+    /// Proposed by every node as it starts; only the first applied acts:
+    /// the cluster's first start creates the default vhost, user and
+    /// permissions (`defaults`), as RabbitMQ does on an empty database.
+    /// None when a definitions file brings users or vhosts instead.
+    SeedAccess {
+        defaults: Option<DefaultAccess>,
+    },
+    PutVhost {
+        name: String,
+    },
+    /// Deletes the vhost with its exchanges, queues, bindings, permissions
+    /// and limits.
+    DeleteVhost {
+        name: String,
+    },
+    /// Creates the user or replaces its password hash and tags.
+    PutUser {
+        user: UserDefinition,
+    },
+    DeleteUser {
+        name: String,
+    },
+    SetPermissions {
+        permissions: PermissionDefinition,
+    },
+    ClearPermissions {
+        user: String,
+        vhost: String,
+    },
+    SetVhostLimits {
+        vhost: String,
+        limits: VhostLimits,
     },
 }
 

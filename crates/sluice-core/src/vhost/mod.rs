@@ -7,12 +7,14 @@
 //! - `metadata_apply`: the vhost as the metadata log changes it, and as
 //!   definitions for its snapshots.
 
+mod connection_slot;
 mod metadata_apply;
 mod publish;
 mod queue_host;
 mod routing;
 mod topology;
 
+pub use connection_slot::VhostConnectionSlot;
 pub use metadata_apply::RecoveryError;
 pub use publish::{PublishScratch, Published};
 pub use routing::{RouteScratch, ROUTING_EXCHANGE_HOPS_MAX};
@@ -143,6 +145,8 @@ pub struct VirtualHost {
     /// message that expired while the node was down is due at once, and
     /// its dead-letter exchange must route it.
     deferred_timers: Mutex<Option<Vec<Arc<dyn Queue>>>>,
+    /// Connections open on this node, for `max-connections`.
+    open_connections: std::sync::atomic::AtomicU64,
 }
 
 /// What a vhost shares with the rest of its node.
@@ -208,6 +212,7 @@ impl VirtualHost {
             metadata: services.metadata,
             queue_locator: services.queue_locator,
             deferred_timers: Mutex::new(None),
+            open_connections: Default::default(),
         });
         let standard = [
             ("", ExchangeKind::Direct),
@@ -667,6 +672,15 @@ impl VirtualHost {
             &what,
         )?;
         Ok(())
+    }
+
+    pub fn has_queue(&self, name: &str) -> bool {
+        read(&self.queues).contains_key(name)
+    }
+
+    /// Queues of every node and kind, as `max-queues` counts them.
+    pub fn queue_count(&self) -> usize {
+        read(&self.queues).len()
     }
 
     /// Looks a queue up for use by `connection_id`: 404 when missing, 405

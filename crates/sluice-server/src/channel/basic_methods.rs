@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use amq_protocol::protocol::{basic, AMQPClass};
+use sluice_core::access::{Permission, ResourceKind};
 use sluice_core::arguments::{as_integer, check_consume_arguments};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::metadata::MetadataCommand;
@@ -118,6 +119,7 @@ impl Channel {
     /// basic.get: get-ok with the head message, or get-empty.
     fn get(&mut self, context: &ConnectionContext, get: basic::Get) -> AmqpResult<()> {
         let name = self.queue_name(get.queue.as_str())?;
+        context.check_access(Permission::Read, ResourceKind::Queue, &name)?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
         if let Some(error) = queue.unavailable() {
             return Err(error);
@@ -188,6 +190,7 @@ impl Channel {
             )));
         }
         let name = self.queue_name(consume.queue.as_str())?;
+        context.check_access(Permission::Read, ResourceKind::Queue, &name)?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
         check_consume_arguments(
             &consume.arguments,

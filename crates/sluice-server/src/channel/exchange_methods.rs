@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use amq_protocol::protocol::{exchange, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable};
+use sluice_core::access::{Permission, ResourceKind};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::Destination;
 use sluice_core::metadata::{BindingChange, MetadataCommand};
@@ -55,9 +57,24 @@ impl Channel {
                 );
             }
         };
+        // The default exchange is refused by the declaration check, with
+        // RabbitMQ's own text; a passive declare needs no permission.
+        if !declaration.passive && !declaration.name.is_empty() {
+            context.check_access(
+                Permission::Configure,
+                ResourceKind::Exchange,
+                declaration.name,
+            )?;
+        }
         if !context.vhost.check_exchange_declaration(&declaration)? {
             reply(self, context);
             return Ok(());
+        }
+        // A new exchange with an alternate: read on it, write on the
+        // alternate, as RabbitMQ checks.
+        if let Some(alternate) = string_argument(&declaration.arguments, "alternate-exchange") {
+            context.check_access(Permission::Read, ResourceKind::Exchange, declaration.name)?;
+            context.check_access(Permission::Write, ResourceKind::Exchange, &alternate)?;
         }
         let command = MetadataCommand::DeclareExchange {
             vhost: context.vhost.name.to_string(),
@@ -84,6 +101,9 @@ impl Channel {
         delete: exchange::Delete,
     ) -> AmqpResult<()> {
         let name = delete.exchange.as_str();
+        if !name.is_empty() {
+            context.check_access(Permission::Configure, ResourceKind::Exchange, name)?;
+        }
         let nowait = delete.nowait;
         let reply = move |channel: &mut Channel, context: &ConnectionContext| {
             if !nowait {
@@ -184,11 +204,20 @@ impl Channel {
         bind: bool,
         reply: impl FnOnce(&mut Channel, &ConnectionContext) + Send + 'static,
     ) -> AmqpResult<()> {
-        let destination = if change.destination_is_queue {
-            Destination::Queue(Arc::from(change.destination.as_str()))
+        // RabbitMQ's checks: write on the destination, read on the source.
+        let (destination, destination_kind) = if change.destination_is_queue {
+            (
+                Destination::Queue(Arc::from(change.destination.as_str())),
+                ResourceKind::Queue,
+            )
         } else {
-            Destination::Exchange(Arc::from(change.destination.as_str()))
+            (
+                Destination::Exchange(Arc::from(change.destination.as_str())),
+                ResourceKind::Exchange,
+            )
         };
+        context.check_access(Permission::Write, destination_kind, &change.destination)?;
+        context.check_access(Permission::Read, ResourceKind::Exchange, &change.source)?;
         context
             .vhost
             .check_binding(&change.source, destination, context.connection_id)?;
@@ -203,5 +232,14 @@ impl Channel {
             Ok(())
         });
         Ok(())
+    }
+}
+
+/// A string argument (long or short string), as RabbitMQ's `r_arg` reads it.
+pub(super) fn string_argument(arguments: &FieldTable, key: &str) -> Option<String> {
+    match arguments.inner().get(key)? {
+        AMQPValue::LongString(name) => Some(String::from_utf8_lossy(name.as_bytes()).into_owned()),
+        AMQPValue::ShortString(name) => Some(name.as_str().to_owned()),
+        _ => None,
     }
 }

@@ -36,6 +36,7 @@ use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::encode_control;
 use sluice_wire::method::Publish;
 
+use crate::access_check::PublishPermit;
 use crate::bodies_under_way::BodyReservation;
 use crate::connection_context::ConnectionContext;
 use crate::delivery::{ChannelDeliveries, Unacked};
@@ -141,6 +142,8 @@ pub struct Channel {
     /// connection.
     pending_change: Option<PendingChange>,
     publish_scratch: PublishScratch,
+    /// The exchange this channel may publish to, checked once per change.
+    publish_permit: PublishPermit,
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
     congested_queues: Vec<Arc<dyn Queue>>,
@@ -180,6 +183,7 @@ impl Channel {
             last_declared_queue: None,
             pending_change: None,
             publish_scratch: PublishScratch::default(),
+            publish_permit: PublishPermit::default(),
             congested_queues: Vec::new(),
             settled_scratch: Vec::new(),
             dispatched_scratch: Vec::new(),

@@ -152,12 +152,15 @@ impl Channel {
             return Ok(());
         };
         let publish = pending.publish;
-        // RabbitMQ's order: the exchange (404, then 403 when internal), then
-        // the properties; all at publish time, in tx mode too.
+        // RabbitMQ's order: write permission, the exchange (404, then 403
+        // when internal), then the properties; all at publish time, in tx
+        // mode too.
+        self.publish_permit.check(context, &publish.exchange)?;
         context
             .vhost
             .check_publish_exchange(&publish.exchange, &mut self.publish_scratch)?;
         let mut properties = header.properties;
+        context.check_user_id(&properties)?;
         if properties.has_reply_to() {
             properties = self.direct_reply_to(properties)?;
         }

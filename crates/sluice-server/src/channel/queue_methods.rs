@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use amq_protocol::protocol::{queue, AMQPClass};
 use amq_protocol::types::FieldTable;
+use sluice_core::access::{Permission, ResourceKind};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::metadata::{BindingChange, MetadataCommand};
 use sluice_core::queue::Queue;
@@ -11,6 +12,7 @@ use sluice_core::reply_to::{token_of, REPLY_TO_QUEUE};
 use sluice_core::vhost::QueueDeclaration;
 use sluice_wire::reply_code::ReplyCode;
 
+use super::exchange_methods::string_argument;
 use super::Channel;
 use crate::connection_context::ConnectionContext;
 
@@ -86,6 +88,11 @@ impl Channel {
         };
         let nowait = declare.nowait;
         let connection_id = context.connection_id;
+        // RabbitMQ checks a named queue before looking it up; a passive
+        // declare needs no permission.
+        if !declare.passive && !declaration.name.is_empty() {
+            context.check_access(Permission::Configure, ResourceKind::Queue, declaration.name)?;
+        }
         if let Some(queue) = context
             .vhost
             .check_queue_declaration(&declaration, connection_id)?
@@ -102,6 +109,10 @@ impl Channel {
         let definition = context
             .vhost
             .new_queue_definition(&declaration, connection_id);
+        if declaration.name.is_empty() {
+            context.check_access(Permission::Configure, ResourceKind::Queue, &definition.name)?;
+        }
+        check_dead_letter_access(context, &definition.name, &definition.arguments)?;
         let name = definition.name.clone();
         let command = MetadataCommand::DeclareQueue {
             vhost: context.vhost.name.to_string(),
@@ -187,6 +198,7 @@ impl Channel {
 
     fn purge_queue(&mut self, context: &ConnectionContext, purge: queue::Purge) -> AmqpResult<()> {
         let name = self.queue_name(purge.queue.as_str())?;
+        context.check_access(Permission::Read, ResourceKind::Queue, &name)?;
         let queue = context.vhost.queue(&name, context.connection_id)?;
         if let Some(error) = queue.unavailable() {
             return Err(error);
@@ -223,6 +235,7 @@ impl Channel {
         delete: queue::Delete,
     ) -> AmqpResult<()> {
         let name = self.queue_name(delete.queue.as_str())?;
+        context.check_access(Permission::Configure, ResourceKind::Queue, &name)?;
         let nowait = delete.nowait;
         let reply = move |channel: &mut Channel, context: &ConnectionContext, message_count| {
             if !nowait {
@@ -329,4 +342,18 @@ impl Channel {
         }
         Ok(())
     }
+}
+
+/// A new queue that dead-letters to an exchange: RabbitMQ wants read on
+/// the queue and write on that exchange.
+fn check_dead_letter_access(
+    context: &ConnectionContext,
+    queue: &str,
+    arguments: &FieldTable,
+) -> AmqpResult<()> {
+    let Some(exchange) = string_argument(arguments, "x-dead-letter-exchange") else {
+        return Ok(());
+    };
+    context.check_access(Permission::Read, ResourceKind::Queue, queue)?;
+    context.check_access(Permission::Write, ResourceKind::Exchange, &exchange)
 }

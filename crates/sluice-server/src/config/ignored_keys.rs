@@ -37,14 +37,6 @@ const IGNORED: &[(&str, &str)] = &[
         "collect_statistics_interval",
         "statistics are collected for the operations endpoints, which are not part of Sluice yet",
     ),
-    (
-        "default_user_tags.",
-        "user tags come with access control, not part of Sluice yet",
-    ),
-    (
-        "default_permissions.",
-        "the default user has full permissions on the default vhost",
-    ),
     ("auth_mechanisms.", "Sluice offers PLAIN and AMQPLAIN"),
     (
         "auth_backends.",

@@ -17,20 +17,25 @@ use crate::{cluster_config, store_config, tcp_listen_options};
 /// A key's outcome.
 pub(super) type Applied = Option<Result<(), String>>;
 
-/// `loopback_users` lines, collected over the whole file and applied at the
-/// end, because RabbitMQ's result does not depend on their order.
+/// `loopback_users` and `default_user_tags` lines, collected over the
+/// whole file and applied at the end, because RabbitMQ's result does not
+/// depend on their order.
 #[derive(Default)]
-pub(super) struct LoopbackLines {
-    pub none: bool,
-    pub set: Option<Vec<String>>,
+pub(super) struct ListLines {
+    pub loopback_none: bool,
+    pub loopback_users: Option<Vec<String>>,
+    pub user_tags: Option<Vec<String>>,
 }
 
-impl LoopbackLines {
+impl ListLines {
     pub(super) fn apply_to(self, config: &mut Config) {
-        if self.none {
+        if self.loopback_none {
             config.loopback_users.clear();
-        } else if let Some(users) = self.set {
+        } else if let Some(users) = self.loopback_users {
             config.loopback_users = users;
+        }
+        if let Some(tags) = self.user_tags {
+            config.default_user_tags = tags;
         }
     }
 }
@@ -40,12 +45,12 @@ pub(super) fn apply_key(
     config: &mut Config,
     key: &str,
     value: &str,
-    loopback: &mut LoopbackLines,
+    lists: &mut ListLines,
 ) -> Applied {
     node_key(config, key, value)
         .or_else(|| connection_key(config, key, value))
         .or_else(|| resource_key(config, key, value))
-        .or_else(|| loopback_key(loopback, key, value))
+        .or_else(|| list_key(lists, key, value))
         .or_else(|| prefixed_key(config, key, value))
 }
 
@@ -56,6 +61,9 @@ fn node_key(config: &mut Config, key: &str, value: &str) -> Applied {
         "default_user" => config.default_user = value.to_owned(),
         "default_pass" => config.default_pass = value.to_owned(),
         "default_vhost" => config.default_vhost = value.to_owned(),
+        "default_permissions.configure" => config.default_permissions.configure = value.to_owned(),
+        "default_permissions.write" => config.default_permissions.write = value.to_owned(),
+        "default_permissions.read" => config.default_permissions.read = value.to_owned(),
         "load_definitions" => config.load_definitions = Some(PathBuf::from(value)),
         "log.console.level" | "log.file.level" => {
             if !LOG_LEVELS.contains(&value) {
@@ -201,26 +209,34 @@ fn resource_key(config: &mut Config, key: &str, value: &str) -> Applied {
 /// `loopback_users = none` and `loopback_users.<user> = true|false`: as in
 /// RabbitMQ, any `loopback_users.<user>` line replaces the whole list with
 /// the users set to `true`, and `none` empties it wherever it appears.
-fn loopback_key(loopback: &mut LoopbackLines, key: &str, value: &str) -> Applied {
+/// `default_user_tags.<tag> = true|false` likewise replaces the default
+/// user's tags (`administrator`).
+fn list_key(lists: &mut ListLines, key: &str, value: &str) -> Applied {
     if key == "loopback_users" {
         if value != "none" {
             return Some(Err(
                 "expected 'none' (or use 'loopback_users.<user> = true')".to_owned(),
             ));
         }
-        loopback.none = true;
+        lists.loopback_none = true;
         return Some(Ok(()));
     }
-    let user = key.strip_prefix("loopback_users.")?;
+    let (list, item) = if let Some(user) = key.strip_prefix("loopback_users.") {
+        (&mut lists.loopback_users, user)
+    } else if let Some(tag) = key.strip_prefix("default_user_tags.") {
+        (&mut lists.user_tags, tag)
+    } else {
+        return None;
+    };
     let enabled = match value {
         "true" => true,
         "false" => false,
         _ => return Some(Err("expected 'true' or 'false'".to_owned())),
     };
-    let users = loopback.set.get_or_insert_with(Vec::new);
-    users.retain(|existing| existing != user);
+    let items = list.get_or_insert_with(Vec::new);
+    items.retain(|existing| existing != item);
     if enabled {
-        users.push(user.to_owned());
+        items.push(item.to_owned());
     }
     Some(Ok(()))
 }

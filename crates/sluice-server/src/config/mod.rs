@@ -21,7 +21,7 @@ use crate::cluster_config::ClusterConfig;
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::StoreConfig;
 use crate::tcp_listen_options::TcpListenOptions;
-use keys::{apply_key, LoopbackLines};
+use keys::{apply_key, ListLines};
 use suggest::closest_key;
 
 pub mod ignored_keys;
@@ -57,6 +57,12 @@ pub struct Config {
     pub default_pass: String,
     /// Virtual host created on first start (`default_vhost`). Default `/`.
     pub default_vhost: String,
+    /// Tags of the default user (`default_user_tags.<tag> = true`). Default
+    /// `["administrator"]`.
+    pub default_user_tags: Vec<String>,
+    /// The default user's permissions on the default vhost
+    /// (`default_permissions.configure|write|read`). Default `.*` each.
+    pub default_permissions: DefaultPermissions,
     /// Users that may only connect from a loopback address (`loopback_users.<user> = true`,
     /// or `loopback_users = none` for nobody). Default `["guest"]`.
     pub loopback_users: Vec<String>,
@@ -153,6 +159,24 @@ const CREDIT_FLOW_CREDIT_MAX: u32 = 100_000;
 /// RabbitMQ's default `max_message_size`: 128 MiB.
 pub const MAX_MESSAGE_SIZE_DEFAULT: u32 = 134_217_728;
 
+/// `default_permissions.*`: regular expressions, as in `set_permissions`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefaultPermissions {
+    pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+impl Default for DefaultPermissions {
+    fn default() -> Self {
+        Self {
+            configure: ".*".to_owned(),
+            write: ".*".to_owned(),
+            read: ".*".to_owned(),
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -161,6 +185,8 @@ impl Default for Config {
             default_user: "guest".to_owned(),
             default_pass: "guest".to_owned(),
             default_vhost: "/".to_owned(),
+            default_user_tags: vec!["administrator".to_owned()],
+            default_permissions: DefaultPermissions::default(),
             loopback_users: vec!["guest".to_owned()],
             heartbeat_secs: 60,
             frame_max: 131_072,
@@ -265,7 +291,7 @@ impl Config {
     /// ([`ConfigError::InvalidValue`]).
     pub fn parse(text: &str, base: Self) -> Result<Self, ConfigError> {
         let mut config = base;
-        let mut loopback = LoopbackLines::default();
+        let mut lists = ListLines::default();
         for (index, raw) in text.lines().enumerate() {
             let line = index + 1;
             let content = strip_comment(raw).trim();
@@ -281,7 +307,7 @@ impl Config {
             if key.is_empty() || value.is_empty() {
                 return Err(syntax());
             }
-            match apply_key(&mut config, key, value, &mut loopback) {
+            match apply_key(&mut config, key, value, &mut lists) {
                 Some(Ok(())) => {}
                 Some(Err(expected)) => {
                     return Err(ConfigError::InvalidValue {
@@ -309,7 +335,7 @@ impl Config {
                 }
             }
         }
-        loopback.apply_to(&mut config);
+        lists.apply_to(&mut config);
         Ok(config)
     }
 
