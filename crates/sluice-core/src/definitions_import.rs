@@ -3,8 +3,8 @@
 //! `load_definitions` key names.
 //!
 //! Sluice reads its `vhosts`, `users`, `permissions`, vhost limits (in
-//! `parameters`), `policies`, `exchanges`, `queues` and `bindings`
-//! sections; the others (topic permissions, global parameters, ...) are
+//! `parameters`), `topic_permissions`, `policies`, `exchanges`, `queues`
+//! and `bindings` sections; the others (global parameters, ...) are
 //! not acted on and are named in the log. Policies shape how objects behave
 //! from their creation on, so they are handed to the broker before anything
 //! is recovered or declared; the objects are then declared through the
@@ -16,8 +16,8 @@ use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 use serde::Deserialize;
 
 use crate::access::{
-    HashingAlgorithm, PasswordHash, PermissionDefinition, UserDefinition, VhostLimits,
-    VhostPermissions,
+    HashingAlgorithm, PasswordHash, PermissionDefinition, TopicPermissionDefinition,
+    TopicPermissions, UserDefinition, VhostLimits, VhostPermissions,
 };
 use crate::definitions::QueueDefinition;
 use crate::metadata::{BindingChange, MetadataCommand, NodeIdentity};
@@ -32,6 +32,8 @@ pub struct DefinitionsFile {
     pub users: Vec<UserJson>,
     #[serde(default)]
     pub permissions: Vec<PermissionDefinition>,
+    #[serde(default)]
+    pub topic_permissions: Vec<TopicPermissionDefinition>,
     /// Runtime parameters; those of component `vhost-limits` are read.
     #[serde(default)]
     pub parameters: Vec<ParameterJson>,
@@ -211,6 +213,11 @@ impl LoadedDefinitions {
                 permissions: permissions.clone(),
             }
         }));
+        commands.extend(self.file.topic_permissions.iter().map(|permissions| {
+            MetadataCommand::SetTopicPermissions {
+                permissions: permissions.clone(),
+            }
+        }));
         commands.extend(self.vhost_limits.iter().map(|(vhost, limits)| {
             MetadataCommand::SetVhostLimits {
                 vhost: vhost.clone(),
@@ -293,6 +300,14 @@ pub fn load_definitions(path: &Path) -> Result<LoadedDefinitions, DefinitionsFil
         VhostPermissions::compile(permissions).map_err(|error| {
             entry_error(format!(
                 "permissions of user '{}' in vhost '{}': {}",
+                permissions.user, permissions.vhost, error.text
+            ))
+        })?;
+    }
+    for permissions in &file.topic_permissions {
+        TopicPermissions::compile(permissions).map_err(|error| {
+            entry_error(format!(
+                "topic permissions of user '{}' in vhost '{}': {}",
                 permissions.user, permissions.vhost, error.text
             ))
         })?;
@@ -435,7 +450,8 @@ mod tests {
         }"##;
         let file: DefinitionsFile = serde_json::from_str(text).unwrap();
         assert_eq!(file.policies.len(), 1);
-        assert!(file.other.contains_key("topic_permissions"));
+        assert!(file.topic_permissions.is_empty());
+        assert!(file.other.contains_key("rabbit_version"));
         let user = user_definition(&file.users[0]).unwrap();
         assert_eq!(
             user.tags,

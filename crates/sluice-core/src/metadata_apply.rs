@@ -123,6 +123,19 @@ impl Broker {
                 self.access.clear_permissions(&user, &vhost);
                 Ok(())
             }
+            MetadataCommand::SetTopicPermissions { permissions } => {
+                self.existing_vhost(&permissions.vhost)?;
+                self.access.set_topic_permissions(permissions)
+            }
+            MetadataCommand::ClearTopicPermissions {
+                user,
+                vhost,
+                exchange,
+            } => {
+                self.access
+                    .clear_topic_permissions(&user, &vhost, exchange.as_deref());
+                Ok(())
+            }
             MetadataCommand::SetVhostLimits { vhost, limits } => {
                 self.existing_vhost(&vhost)?;
                 self.access.set_vhost_limits(&vhost, limits);

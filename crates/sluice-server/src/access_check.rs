@@ -1,8 +1,9 @@
 //! Permission checks where RabbitMQ's channel makes them, against the
 //! connection's user in its vhost.
 
-use sluice_core::access::{access_refused, Permission, ResourceKind};
+use sluice_core::access::{access_refused, topic_access_refused, Permission, ResourceKind};
 use sluice_core::error::{AmqpError, AmqpResult};
+use sluice_core::exchange::ExchangeKind;
 use sluice_wire::content::RawProperties;
 
 use crate::connection_context::ConnectionContext;
@@ -26,6 +27,37 @@ impl ConnectionContext {
         } else {
             Err(access_refused(kind, name, &self.vhost.name, &self.user))
         }
+    }
+
+    /// Topic permissions: on a topic exchange the user has them for, the
+    /// routing key must match their write (publish) or read (binding)
+    /// expression. A missing exchange is left to the caller's own check.
+    pub fn check_topic_access(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        write: bool,
+    ) -> AmqpResult<()> {
+        let Some(permissions) =
+            self.broker
+                .access
+                .topic_permissions(&self.user, &self.vhost.name, exchange)
+        else {
+            return Ok(());
+        };
+        let is_topic = self
+            .vhost
+            .exchange(exchange)
+            .is_ok_and(|found| found.kind == ExchangeKind::Topic);
+        if !is_topic || permissions.allows(write, routing_key) {
+            return Ok(());
+        }
+        Err(topic_access_refused(
+            routing_key,
+            exchange,
+            &self.vhost.name,
+            &self.user,
+        ))
     }
 
     /// A publish's `user_id` property must name the connection's user,
@@ -59,6 +91,9 @@ impl ConnectionContext {
 pub struct PublishPermit {
     generation: u64,
     exchange: Option<Box<[u8]>>,
+    /// Whether the user has topic permissions on it, whose routing-key
+    /// check every publish then makes.
+    restricted_by_topic: bool,
 }
 
 impl PublishPermit {
@@ -72,6 +107,29 @@ impl PublishPermit {
         context.check_access(Permission::Write, ResourceKind::Exchange, &name)?;
         self.generation = generation;
         self.exchange = Some(exchange.into());
+        self.restricted_by_topic = context
+            .broker
+            .access
+            .topic_permissions(&context.user, &context.vhost.name, &name)
+            .is_some();
         Ok(())
+    }
+
+    /// After [`Self::check`] and the exchange's own checks: the routing
+    /// key, when topic permissions restrict it.
+    pub fn check_routing_key(
+        &self,
+        context: &ConnectionContext,
+        exchange: &[u8],
+        routing_key: &[u8],
+    ) -> AmqpResult<()> {
+        if !self.restricted_by_topic {
+            return Ok(());
+        }
+        context.check_topic_access(
+            &String::from_utf8_lossy(exchange),
+            &String::from_utf8_lossy(routing_key),
+            true,
+        )
     }
 }

@@ -434,7 +434,9 @@ async fn exchange_operations_and_publishes_are_checked_where_rabbitmq_checks_the
     publish_confirmed(&bob(&server).await, "", "bob.q", BasicProperties::default())
         .await
         .expect("write ^(bob\\.|amq\\.default$)");
-    for exchange in ["orders", "nosuchx"] {
+    // bob's topic permissions on amq.topic come after the exchange's own,
+    // which he lacks.
+    for exchange in ["orders", "nosuchx", "amq.topic"] {
         assert_eq!(
             amqp_error(
                 publish_confirmed(
@@ -536,4 +538,82 @@ async fn failed_logins_slow_down_the_next_attempts_from_the_same_address() {
     );
     // A success clears the address's record.
     assert_eq!(throttle.tracked_addresses(), 0);
+}
+
+/// Topic permissions, after the exchange's own: the routing key of a
+/// publish must match `write`, a binding's key `read`; `{username}` stands
+/// for the user.
+#[tokio::test]
+async fn topic_permissions_restrict_routing_keys_on_topic_exchanges() {
+    let definitions = std::env::temp_dir().join(format!(
+        "sluice-topic-permissions-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(
+        &definitions,
+        r#"{
+          "users": [{"name": "dave", "password_hash": "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+                     "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": []}],
+          "vhosts": [{"name": "/"}],
+          "permissions": [{"user": "dave", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}],
+          "topic_permissions": [{"user": "dave", "vhost": "/", "exchange": "amq.topic",
+                                 "write": "^{username}\\.", "read": "^{username}\\."}]
+        }"#,
+    )
+    .unwrap();
+    let server =
+        TestServer::start_with(|config| config.load_definitions = Some(definitions.clone())).await;
+    std::fs::remove_file(&definitions).unwrap();
+    let dave = || channel_of(&server, "dave", "test12", "/");
+    publish_confirmed(
+        &dave().await,
+        "amq.topic",
+        "dave.orders",
+        BasicProperties::default(),
+    )
+    .await
+    .expect("the key matches ^dave\\.");
+    assert_eq!(
+        amqp_error(
+            publish_confirmed(&dave().await, "amq.topic", "other.x", BasicProperties::default()).await
+        ),
+        (
+            403,
+            "ACCESS_REFUSED - access to topic 'other.x' in exchange 'amq.topic' in vhost '/' refused for user 'dave'"
+                .to_owned()
+        )
+    );
+    // Other exchanges are not restricted.
+    publish_confirmed(
+        &dave().await,
+        "amq.direct",
+        "other.x",
+        BasicProperties::default(),
+    )
+    .await
+    .expect("no topic permissions on amq.direct");
+    let channel = dave().await;
+    declare_queue(&channel, "dave.q", FieldTable::default())
+        .await
+        .unwrap();
+    let bind = |channel: Channel, key: &'static str| async move {
+        channel
+            .queue_bind(
+                "dave.q".into(),
+                "amq.topic".into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    bind(dave().await, "dave.#").await.expect("the key matches");
+    assert_eq!(
+        amqp_error(bind(dave().await, "other.#").await),
+        (
+            403,
+            "ACCESS_REFUSED - access to topic 'other.#' in exchange 'amq.topic' in vhost '/' refused for user 'dave'"
+                .to_owned()
+        )
+    );
 }

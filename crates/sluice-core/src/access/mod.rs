@@ -6,6 +6,7 @@
 mod login_throttle;
 mod password;
 mod permissions;
+mod topic_permissions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -20,6 +21,7 @@ pub use password::{HashingAlgorithm, PasswordHash};
 pub use permissions::{
     access_refused, Permission, PermissionDefinition, ResourceKind, VhostPermissions,
 };
+pub use topic_permissions::{topic_access_refused, TopicPermissionDefinition, TopicPermissions};
 
 /// A user as the metadata log carries it and definitions spell it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +118,8 @@ pub struct AccessDefinitions {
     pub users: Vec<UserDefinition>,
     pub permissions: Vec<PermissionDefinition>,
     pub vhost_limits: BTreeMap<String, VhostLimits>,
+    #[serde(default)]
+    pub topic_permissions: Vec<TopicPermissionDefinition>,
 }
 
 /// Why a login was refused. The client only ever hears RabbitMQ's generic
@@ -144,6 +148,13 @@ struct AccessState {
     /// The definitions the compiled permissions came from, for snapshots.
     permission_definitions: BTreeMap<(String, String), PermissionDefinition>,
     vhost_limits: BTreeMap<String, VhostLimits>,
+    /// By (user, vhost, exchange), with the definitions for snapshots.
+    topic_permissions: BTreeMap<(String, String, String), TopicPermissionEntry>,
+}
+
+struct TopicPermissionEntry {
+    definition: TopicPermissionDefinition,
+    compiled: Arc<TopicPermissions>,
 }
 
 #[derive(Default)]
@@ -209,7 +220,57 @@ impl AccessControl {
         state
             .permission_definitions
             .retain(|(user, _), _| user != name);
+        state
+            .topic_permissions
+            .retain(|(user, _, _), _| user != name);
         Ok(())
+    }
+
+    pub fn set_topic_permissions(&self, definition: TopicPermissionDefinition) -> AmqpResult<()> {
+        let compiled = Arc::new(TopicPermissions::compile(&definition)?);
+        let mut state = self.write();
+        if !state.users.contains_key(&definition.user) {
+            return Err(no_such_user(&definition.user));
+        }
+        let key = (
+            definition.user.clone(),
+            definition.vhost.clone(),
+            definition.exchange.clone(),
+        );
+        state.topic_permissions.insert(
+            key,
+            TopicPermissionEntry {
+                definition,
+                compiled,
+            },
+        );
+        Ok(())
+    }
+
+    /// Clears `user`'s topic permissions in `vhost` for `exchange`, or for
+    /// every exchange.
+    pub fn clear_topic_permissions(&self, user: &str, vhost: &str, exchange: Option<&str>) {
+        self.write().topic_permissions.retain(|(of, on, at), _| {
+            !(of == user && on == vhost && exchange.is_none_or(|exchange| exchange == at))
+        });
+    }
+
+    /// `user`'s topic permissions on `exchange` in `vhost`; None leaves
+    /// routing keys unrestricted.
+    pub fn topic_permissions(
+        &self,
+        user: &str,
+        vhost: &str,
+        exchange: &str,
+    ) -> Option<Arc<TopicPermissions>> {
+        let state = self.read();
+        if state.topic_permissions.is_empty() {
+            return None;
+        }
+        state
+            .topic_permissions
+            .get(&(user.to_owned(), vhost.to_owned(), exchange.to_owned()))
+            .map(|entry| Arc::clone(&entry.compiled))
     }
 
     /// Sets `definition.user`'s permissions in `definition.vhost`, which
@@ -251,6 +312,7 @@ impl AccessControl {
         state
             .permission_definitions
             .retain(|(_, of), _| of != vhost);
+        state.topic_permissions.retain(|(_, of, _), _| of != vhost);
         state.vhost_limits.remove(vhost);
     }
 
@@ -331,6 +393,11 @@ impl AccessControl {
             users,
             permissions: state.permission_definitions.values().cloned().collect(),
             vhost_limits: state.vhost_limits.clone(),
+            topic_permissions: state
+                .topic_permissions
+                .values()
+                .map(|entry| entry.definition.clone())
+                .collect(),
         }
     }
 
@@ -350,6 +417,11 @@ impl AccessControl {
         for permissions in &definitions.permissions {
             if let Err(error) = self.set_permissions(permissions.clone()) {
                 tracing::error!(user = %permissions.user, vhost = %permissions.vhost, %error, "metadata snapshot: permissions are left out");
+            }
+        }
+        for permissions in &definitions.topic_permissions {
+            if let Err(error) = self.set_topic_permissions(permissions.clone()) {
+                tracing::error!(user = %permissions.user, vhost = %permissions.vhost, %error, "metadata snapshot: topic permissions are left out");
             }
         }
         self.write().vhost_limits = definitions.vhost_limits.clone();
@@ -483,6 +555,15 @@ mod tests {
                 max_queues: None,
             },
         );
+        access
+            .set_topic_permissions(TopicPermissionDefinition {
+                user: "bob".into(),
+                vhost: "/".into(),
+                exchange: "amq.topic".into(),
+                write: "^bob\\.".into(),
+                read: ".*".into(),
+            })
+            .unwrap();
         let snapshot = access.snapshot();
         let restored = AccessControl::default();
         restored.restore(&snapshot);
@@ -490,6 +571,13 @@ mod tests {
         assert!(restored.login("bob", "pw", loopback(), &[]).is_ok());
         assert!(restored.has_tag("bob", "monitoring"));
         assert_eq!(restored.vhost_limits("/").max_connections, Some(5));
+        let topic = restored.topic_permissions("bob", "/", "amq.topic").unwrap();
+        assert!(topic.allows(true, "bob.x") && !topic.allows(true, "eve.x"));
+        assert!(restored.topic_permissions("bob", "/", "orders").is_none());
+        restored.clear_topic_permissions("bob", "/", None);
+        assert!(restored
+            .topic_permissions("bob", "/", "amq.topic")
+            .is_none());
         assert!(!restored.mark_seeded(), "seeded already");
     }
 }

@@ -3,7 +3,9 @@
 use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 
-use crate::access::{DefaultAccess, PermissionDefinition, UserDefinition, VhostLimits};
+use crate::access::{
+    DefaultAccess, PermissionDefinition, TopicPermissionDefinition, UserDefinition, VhostLimits,
+};
 use crate::definitions::{Definitions, QueueDefinition};
 use crate::error::{AmqpError, AmqpResult};
 use crate::queue::ConnectionId;
@@ -100,6 +102,15 @@ pub enum MetadataCommand {
     SetVhostLimits {
         vhost: String,
         limits: VhostLimits,
+    },
+    SetTopicPermissions {
+        permissions: TopicPermissionDefinition,
+    },
+    /// For one exchange, or every exchange when None.
+    ClearTopicPermissions {
+        user: String,
+        vhost: String,
+        exchange: Option<String>,
     },
 }
 

@@ -221,6 +221,7 @@ impl Channel {
         context
             .vhost
             .check_binding(&change.source, destination, context.connection_id)?;
+        context.check_topic_access(&change.source, &change.routing_key, false)?;
         let command = if bind {
             MetadataCommand::Bind(change)
         } else {

@@ -159,6 +159,8 @@ impl Channel {
         context
             .vhost
             .check_publish_exchange(&publish.exchange, &mut self.publish_scratch)?;
+        self.publish_permit
+            .check_routing_key(context, &publish.exchange, &publish.routing_key)?;
         let mut properties = header.properties;
         context.check_user_id(&properties)?;
         if properties.has_reply_to() {
