@@ -215,6 +215,23 @@ impl Broker {
         Ok(())
     }
 
+    /// Checks a user whose identity something other than a password
+    /// vouched for (a verified TLS client certificate, for SASL EXTERNAL):
+    /// the user must exist, and loopback-only users connect from loopback.
+    pub fn login_without_password(&self, name: &str, peer: IpAddr) -> Result<(), LoginError> {
+        let users = self
+            .users
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let user = users
+            .get(name)
+            .ok_or_else(|| LoginError::UnknownUser(name.to_owned()))?;
+        if user.loopback_only && !peer.is_loopback() && !is_ipv4_mapped_loopback(peer) {
+            return Err(LoginError::LoopbackOnly(name.to_owned()));
+        }
+        Ok(())
+    }
+
     pub fn next_connection_id(&self) -> ConnectionId {
         self.next_connection_id.fetch_add(1, Ordering::Relaxed)
     }

@@ -1,5 +1,6 @@
-//! The connection handshake: protocol header, start/start-ok (SASL PLAIN or
-//! AMQPLAIN), tune/tune-ok, open/open-ok.
+//! The connection handshake: protocol header, start/start-ok (SASL PLAIN,
+//! AMQPLAIN, or EXTERNAL with a verified TLS client certificate),
+//! tune/tune-ok, open/open-ok.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,11 +16,27 @@ use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 
+use crate::client_stream::ClientWriteHalf;
 use crate::connection_context::ClientCapabilities;
 use crate::frame_reader::{FrameReader, HandshakeReadError};
 use crate::settings::ServerSettings;
+use crate::tls::CertificateLogin;
+
+/// Who is on the other end, as far as the socket tells before the
+/// handshake.
+#[derive(Clone, Copy)]
+pub struct Client<'a> {
+    pub peer: SocketAddr,
+    /// The user a verified TLS client certificate names: SASL EXTERNAL is
+    /// offered only then, as RabbitMQ's rabbitmq_auth_mechanism_ssl does.
+    pub certificate_login: Option<&'a CertificateLogin>,
+}
+
+/// The mechanisms offered without a client certificate.
+const MECHANISMS: &[u8] = b"PLAIN AMQPLAIN";
+/// The mechanisms offered to a client with a verified certificate.
+const MECHANISMS_WITH_EXTERNAL: &[u8] = b"PLAIN AMQPLAIN EXTERNAL";
 
 /// What the handshake agreed on.
 pub struct Negotiated {
@@ -50,10 +67,11 @@ pub enum HandshakeError {
     Refused(AmqpError, u16, u16),
 }
 
-async fn send(socket: &mut OwnedWriteHalf, class: AMQPClass) -> std::io::Result<()> {
+async fn send(socket: &mut ClientWriteHalf, class: AMQPClass) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     encode_control(&mut out, 0, &class);
-    socket.write_all(&out).await
+    socket.write_all(&out).await?;
+    socket.flush().await
 }
 
 /// The server properties RabbitMQ clients read, with the capabilities
@@ -154,6 +172,41 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
     }
 }
 
+/// The user a start-ok names, and whether they may log in (else why not,
+/// for the log).
+///
+/// # Errors
+/// A response that does not parse, or a mechanism not offered: refused
+/// with the reply RabbitMQ sends.
+fn check_login(
+    mechanism: &str,
+    response: &[u8],
+    client: Client<'_>,
+    broker: &Broker,
+) -> Result<(String, Result<(), String>), HandshakeError> {
+    Ok(match (mechanism, client.certificate_login) {
+        // The certificate is the credential: the response (an authorisation
+        // identity at most) is not looked at, as in RabbitMQ.
+        ("EXTERNAL", Some(CertificateLogin::User(user))) => (
+            user.clone(),
+            broker
+                .login_without_password(user, client.peer.ip())
+                .map_err(|reason| reason.to_string()),
+        ),
+        ("EXTERNAL", Some(CertificateLogin::NoName(reason))) => {
+            (String::new(), Err((*reason).to_owned()))
+        }
+        _ => {
+            let (user, password) = credentials(mechanism, response)
+                .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+            let login = broker
+                .login(&user, &password, client.peer.ip())
+                .map_err(|reason| reason.to_string());
+            (user, login)
+        }
+    })
+}
+
 fn capabilities_of(client_properties: &FieldTable) -> ClientCapabilities {
     let Some(AMQPValue::FieldTable(capabilities)) = client_properties.inner().get("capabilities")
     else {
@@ -236,8 +289,8 @@ fn validate_negotiated(
 /// the connection.close in the error and closes the socket.
 pub async fn handshake(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
-    peer: SocketAddr,
+    writer: &mut ClientWriteHalf,
+    client: Client<'_>,
     broker: &Broker,
     settings: &ServerSettings,
 ) -> Result<Negotiated, HandshakeError> {
@@ -250,10 +303,11 @@ pub async fn handshake(
         // The specification's answer to a header we do not speak: our own
         // header, then close.
         writer.write_all(&PROTOCOL_HEADER).await?;
+        writer.flush().await?;
         return Err(HandshakeError::BadProtocolHeader(header.to_vec()));
     }
     let (start_ok, user, client_capabilities) =
-        authenticate(reader, writer, peer, broker, settings).await?;
+        authenticate(reader, writer, client, broker, settings).await?;
     let (frame_max, channel_max, heartbeat_secs) = tune(reader, writer, settings).await?;
     let vhost = open_vhost(reader, writer, broker, timeout).await?;
     Ok(Negotiated {
@@ -271,18 +325,22 @@ pub async fn handshake(
 /// the start-ok, the user and the client's capabilities.
 async fn authenticate(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
-    peer: SocketAddr,
+    writer: &mut ClientWriteHalf,
+    client: Client<'_>,
     broker: &Broker,
     settings: &ServerSettings,
 ) -> Result<(connection::StartOk, String, ClientCapabilities), HandshakeError> {
+    let mechanisms = match client.certificate_login {
+        Some(_) => MECHANISMS_WITH_EXTERNAL,
+        None => MECHANISMS,
+    };
     send(
         writer,
         AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
             version_major: 0,
             version_minor: 9,
             server_properties: server_properties(settings),
-            mechanisms: LongString::from(b"PLAIN AMQPLAIN".to_vec()),
+            mechanisms: LongString::from(mechanisms.to_vec()),
             locales: LongString::from(b"en_US".to_vec()),
         })),
     )
@@ -297,11 +355,11 @@ async fn authenticate(
         ));
     };
     let mechanism = start_ok.mechanism.as_str().to_owned();
-    let (user, password) = credentials(&mechanism, start_ok.response.as_bytes())
-        .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+    let (user, login) = check_login(&mechanism, start_ok.response.as_bytes(), client, broker)?;
     let client_capabilities = capabilities_of(&start_ok.client_properties);
-    if let Err(reason) = broker.login(&user, &password, peer.ip()) {
-        tracing::warn!(%peer, %reason, "login refused");
+    if let Err(reason) = login {
+        let peer = client.peer;
+        tracing::warn!(%peer, %mechanism, %reason, "login refused");
         // As RabbitMQ: only a client that announced
         // authentication_failure_close is told why; others see the socket
         // close, which is what the specification has them expect.
@@ -323,7 +381,7 @@ async fn authenticate(
 /// (frame_max, channel_max, heartbeat seconds).
 async fn tune(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     settings: &ServerSettings,
 ) -> Result<(u32, u16, u16), HandshakeError> {
     send(
@@ -376,7 +434,7 @@ async fn tune(
 /// connection.open: the vhost the client asks for, which must exist.
 async fn open_vhost(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     broker: &Broker,
     timeout: Duration,
 ) -> Result<Arc<VirtualHost>, HandshakeError> {
@@ -409,7 +467,7 @@ async fn open_vhost(
 /// moment to read it before the socket closes.
 pub async fn refuse(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     error: &AmqpError,
     class_id: u16,
     method_id: u16,
