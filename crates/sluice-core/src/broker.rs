@@ -204,7 +204,9 @@ impl Broker {
             .login(name, password, peer, &self.loopback_users)
     }
 
-    /// A login vouched for by a verified client certificate.
+    /// Checks a user whose identity something other than a password
+    /// vouched for (a verified TLS client certificate, for SASL EXTERNAL):
+    /// the user must exist, and loopback-only users connect from loopback.
     pub fn login_without_password(&self, name: &str, peer: IpAddr) -> Result<(), LoginError> {
         self.access
             .login_without_password(name, peer, &self.loopback_users)

@@ -18,22 +18,23 @@ use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{Frame, FrameError, FrameType};
 use sluice_wire::method::{decode_method, Method, MethodError};
 use sluice_wire::reply_code::ReplyCode;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::alarm::Alarms;
 use crate::bodies_under_way::BodiesUnderWay;
 use crate::channel::{requeue_in_slices, Channel, PendingChange};
+use crate::client_stream::{ClientStream, ClientWriteHalf};
 use crate::connection_context::ConnectionContext;
 use crate::connection_registry::{ConnectionRegistry, Registration};
 use crate::delivery::Unacked;
 use crate::frame_reader::{FrameReader, ReadError};
-use crate::handshake::{handshake, refuse, HandshakeError, Negotiated};
+use crate::handshake::{handshake, refuse, Client, HandshakeError, Negotiated};
 use crate::in_flight::InFlightBytes;
 use crate::limits::CLOSE_OK_TIMEOUT_MS;
 use crate::outbox::{Outbox, WakeBatch};
 use crate::settings::ServerSettings;
+use crate::tls::CertificateLogin;
 use crate::uncommitted::UncommittedBytes;
 
 /// What handling a frame asks of the connection.
@@ -120,9 +121,9 @@ pub struct ResourceThrottle {
     pub uncommitted: Arc<UncommittedBytes>,
 }
 
-/// Serves one accepted socket until it closes.
+/// Serves one accepted client, plain or TLS, until it closes.
 pub async fn serve(
-    stream: TcpStream,
+    client: ClientStream,
     peer: SocketAddr,
     broker: Arc<Broker>,
     settings: Arc<ServerSettings>,
@@ -137,13 +138,17 @@ pub async fn serve(
         bodies_under_way,
         uncommitted,
     } = throttle;
-    let _ = stream.set_nodelay(settings.nodelay);
-    let (read_half, mut write_half) = stream.into_split();
+    let ClientStream {
+        read_half,
+        mut write_half,
+        certificate_login,
+        tls,
+    } = client;
     let mut reader = FrameReader::new(read_half, settings.frame_max);
     let negotiated = negotiate(
         &mut reader,
         &mut write_half,
-        peer,
+        (peer, certificate_login.as_ref()),
         (&broker, &settings),
         &mut shutdown,
     );
@@ -151,7 +156,7 @@ pub async fn serve(
         return;
     };
     let connection_id = broker.next_connection_id();
-    tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, "connection opened");
+    tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, tls, "connection opened");
     let registration = registry.register(
         connection_id,
         peer,
@@ -253,7 +258,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 /// dispatch again.
 fn spawn_writer(
     outbox: &Arc<Outbox>,
-    write_half: OwnedWriteHalf,
+    write_half: ClientWriteHalf,
     heartbeat: Option<Duration>,
     consumer_queues: &Arc<Mutex<Vec<Arc<dyn Queue>>>>,
 ) -> tokio::task::JoinHandle<()> {
@@ -277,13 +282,17 @@ fn spawn_writer(
 /// dropped, so stopping never waits out handshake_timeout.
 async fn negotiate(
     reader: &mut FrameReader,
-    write_half: &mut OwnedWriteHalf,
-    peer: SocketAddr,
+    write_half: &mut ClientWriteHalf,
+    (peer, certificate_login): (SocketAddr, Option<&CertificateLogin>),
     (broker, settings): (&Arc<Broker>, &Arc<ServerSettings>),
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Negotiated> {
+    let client = Client {
+        peer,
+        certificate_login,
+    };
     let handshake_result = tokio::select! {
-        result = handshake(reader, write_half, peer, broker, settings) => result,
+        result = handshake(reader, write_half, client, broker, settings) => result,
         _ = shutdown_requested(shutdown) => {
             tracing::info!(%peer, "shutting down: connection dropped during its handshake");
             return None;
@@ -304,6 +313,12 @@ async fn negotiate(
         }
         Err(error) => {
             tracing::info!(%peer, %error, "handshake failed");
+            // A TLS client then reads a close_notify, not a cut connection.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(CLOSE_OK_TIMEOUT_MS),
+                write_half.shutdown(),
+            )
+            .await;
             None
         }
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use sluice_wire::frame::{split_frame, Frame, FrameError};
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 
+use crate::client_stream::ClientReadHalf;
 use crate::connection_registry::ConnectionStats;
 use crate::limits::{READ_BUFFER_MAX_BYTES, READ_BUFFER_MIN_BYTES};
 
@@ -22,7 +22,7 @@ pub enum ReadError {
 }
 
 pub struct FrameReader {
-    socket: OwnedReadHalf,
+    socket: ClientReadHalf,
     buffer: BytesMut,
     /// How much room the next read gets: doubles while reads fill what they
     /// are offered, halves while they use little of it.
@@ -36,7 +36,7 @@ pub struct FrameReader {
 }
 
 impl FrameReader {
-    pub fn new(socket: OwnedReadHalf, frame_max: u32) -> Self {
+    pub fn new(socket: ClientReadHalf, frame_max: u32) -> Self {
         FrameReader {
             socket,
             buffer: BytesMut::new(),

@@ -1,5 +1,6 @@
-//! The connection handshake: protocol header, start/start-ok (SASL PLAIN or
-//! AMQPLAIN), tune/tune-ok, open/open-ok.
+//! The connection handshake: protocol header, start/start-ok (SASL PLAIN,
+//! AMQPLAIN, or EXTERNAL with a verified TLS client certificate),
+//! tune/tune-ok, open/open-ok.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,11 +17,27 @@ use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 
+use crate::client_stream::ClientWriteHalf;
 use crate::connection_context::ClientCapabilities;
 use crate::frame_reader::{FrameReader, HandshakeReadError};
 use crate::settings::ServerSettings;
+use crate::tls::CertificateLogin;
+
+/// Who is on the other end, as far as the socket tells before the
+/// handshake.
+#[derive(Clone, Copy)]
+pub struct Client<'a> {
+    pub peer: SocketAddr,
+    /// The user a verified TLS client certificate names: SASL EXTERNAL is
+    /// offered only then, as RabbitMQ's rabbitmq_auth_mechanism_ssl does.
+    pub certificate_login: Option<&'a CertificateLogin>,
+}
+
+/// The mechanisms offered without a client certificate.
+const MECHANISMS: &[u8] = b"PLAIN AMQPLAIN";
+/// The mechanisms offered to a client with a verified certificate.
+const MECHANISMS_WITH_EXTERNAL: &[u8] = b"PLAIN AMQPLAIN EXTERNAL";
 
 /// What the handshake agreed on.
 pub struct Negotiated {
@@ -53,10 +70,11 @@ pub enum HandshakeError {
     Refused(AmqpError, u16, u16),
 }
 
-async fn send(socket: &mut OwnedWriteHalf, class: AMQPClass) -> std::io::Result<()> {
+async fn send(socket: &mut ClientWriteHalf, class: AMQPClass) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     encode_control(&mut out, 0, &class);
-    socket.write_all(&out).await
+    socket.write_all(&out).await?;
+    socket.flush().await
 }
 
 /// The server properties RabbitMQ clients read, with the capabilities
@@ -157,6 +175,41 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
     }
 }
 
+/// The user a start-ok names, and whether they may log in (else why not,
+/// for the log).
+///
+/// # Errors
+/// A response that does not parse, or a mechanism not offered: refused
+/// with the reply RabbitMQ sends.
+fn check_login(
+    mechanism: &str,
+    response: &[u8],
+    client: Client<'_>,
+    broker: &Broker,
+) -> Result<(String, Result<(), String>), HandshakeError> {
+    Ok(match (mechanism, client.certificate_login) {
+        // The certificate is the credential: the response (an authorisation
+        // identity at most) is not looked at, as in RabbitMQ.
+        ("EXTERNAL", Some(CertificateLogin::User(user))) => (
+            user.clone(),
+            broker
+                .login_without_password(user, client.peer.ip())
+                .map_err(|reason| reason.to_string()),
+        ),
+        ("EXTERNAL", Some(CertificateLogin::NoName(reason))) => {
+            (String::new(), Err((*reason).to_owned()))
+        }
+        _ => {
+            let (user, password) = credentials(mechanism, response)
+                .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+            let login = broker
+                .login(&user, &password, client.peer.ip())
+                .map_err(|reason| reason.to_string());
+            (user, login)
+        }
+    })
+}
+
 fn capabilities_of(client_properties: &FieldTable) -> ClientCapabilities {
     let Some(AMQPValue::FieldTable(capabilities)) = client_properties.inner().get("capabilities")
     else {
@@ -239,8 +292,8 @@ fn validate_negotiated(
 /// the connection.close in the error and closes the socket.
 pub async fn handshake(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
-    peer: SocketAddr,
+    writer: &mut ClientWriteHalf,
+    client: Client<'_>,
     broker: &Broker,
     settings: &ServerSettings,
 ) -> Result<Negotiated, HandshakeError> {
@@ -253,10 +306,11 @@ pub async fn handshake(
         // The specification's answer to a header we do not speak: our own
         // header, then close.
         writer.write_all(&PROTOCOL_HEADER).await?;
+        writer.flush().await?;
         return Err(HandshakeError::BadProtocolHeader(header.to_vec()));
     }
     let (start_ok, user, client_capabilities) =
-        authenticate(reader, writer, peer, broker, settings).await?;
+        authenticate(reader, writer, client, broker, settings).await?;
     let (frame_max, channel_max, heartbeat_secs) = tune(reader, writer, settings).await?;
     let (vhost, vhost_slot) = open_vhost(reader, writer, broker, &user, timeout).await?;
     Ok(Negotiated {
@@ -275,18 +329,22 @@ pub async fn handshake(
 /// the start-ok, the user and the client's capabilities.
 async fn authenticate(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
-    peer: SocketAddr,
+    writer: &mut ClientWriteHalf,
+    client: Client<'_>,
     broker: &Broker,
     settings: &ServerSettings,
 ) -> Result<(connection::StartOk, String, ClientCapabilities), HandshakeError> {
+    let mechanisms = match client.certificate_login {
+        Some(_) => MECHANISMS_WITH_EXTERNAL,
+        None => MECHANISMS,
+    };
     send(
         writer,
         AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
             version_major: 0,
             version_minor: 9,
             server_properties: server_properties(settings),
-            mechanisms: LongString::from(b"PLAIN AMQPLAIN".to_vec()),
+            mechanisms: LongString::from(mechanisms.to_vec()),
             locales: LongString::from(b"en_US".to_vec()),
         })),
     )
@@ -301,11 +359,11 @@ async fn authenticate(
         ));
     };
     let mechanism = start_ok.mechanism.as_str().to_owned();
-    let (user, password) = credentials(&mechanism, start_ok.response.as_bytes())
-        .map_err(|error| HandshakeError::Refused(error, 10, 11))?;
+    let (user, login) = throttled_login(&mechanism, &start_ok, client, broker, settings).await?;
     let client_capabilities = capabilities_of(&start_ok.client_properties);
-    if let Err(reason) = throttled_login(broker, &user, &password, peer, settings).await {
-        tracing::warn!(%peer, %reason, "login refused");
+    if let Err(reason) = login {
+        let peer = client.peer;
+        tracing::warn!(%peer, %mechanism, %reason, "login refused");
         // As RabbitMQ: only a client that announced
         // authentication_failure_close is told why; others see the socket
         // close, which is what the specification has them expect.
@@ -323,33 +381,34 @@ async fn authenticate(
     Ok((start_ok, user, client_capabilities))
 }
 
-/// Checks the credentials once the address's failed logins allow it.
+/// Checks the credentials once the address's failed logins allow it; an
+/// attempt whose turn would come too late is refused unchecked.
 async fn throttled_login(
+    mechanism: &str,
+    start_ok: &connection::StartOk,
+    client: Client<'_>,
     broker: &Broker,
-    user: &str,
-    password: &str,
-    peer: SocketAddr,
     settings: &ServerSettings,
-) -> Result<(), LoginError> {
-    let throttle = &broker.login_throttle;
-    match throttle.attempt(peer.ip(), Instant::now(), settings.handshake_timeout) {
-        Attempt::Refuse => return Err(LoginError::Throttled),
+) -> Result<(String, Result<(), String>), HandshakeError> {
+    let (throttle, address) = (&broker.login_throttle, client.peer.ip());
+    match throttle.attempt(address, Instant::now(), settings.handshake_timeout) {
+        Attempt::Refuse => return Ok((String::new(), Err(LoginError::Throttled.to_string()))),
         Attempt::After(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
         Attempt::After(_) => {}
     }
-    let checked = broker.login(user, password, peer.ip());
-    match &checked {
-        Ok(()) => throttle.succeeded(peer.ip()),
-        Err(_) => throttle.failed(peer.ip(), Instant::now()),
+    let (user, login) = check_login(mechanism, start_ok.response.as_bytes(), client, broker)?;
+    match &login {
+        Ok(()) => throttle.succeeded(address),
+        Err(_) => throttle.failed(address, Instant::now()),
     }
-    checked
+    Ok((user, login))
 }
 
 /// connection.tune and tune-ok: the limits both sides accept, as
 /// (frame_max, channel_max, heartbeat seconds).
 async fn tune(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     settings: &ServerSettings,
 ) -> Result<(u32, u16, u16), HandshakeError> {
     send(
@@ -404,7 +463,7 @@ async fn tune(
 /// permissions there.
 async fn open_vhost(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     broker: &Broker,
     user: &str,
     timeout: Duration,
@@ -447,7 +506,7 @@ async fn open_vhost(
 /// moment to read it before the socket closes.
 pub async fn refuse(
     reader: &mut FrameReader,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ClientWriteHalf,
     error: &AmqpError,
     class_id: u16,
     method_id: u16,

@@ -15,6 +15,8 @@
 //! - [`delivery`]: what queues call to deliver to a channel's consumers.
 //! - [`outbox`]: a connection's output buffer and its writer task.
 //! - [`frame_reader`]: frames off the socket.
+//! - [`client_stream`]: a client's socket, plain or TLS, as the halves a connection uses.
+//! - [`tls`]: the amqps listener: `ssl_options.*`, handshakes, certificate logins.
 //! - [`data_dir_lock`]: one server per data directory.
 //! - [`fd_limit`]: the file-descriptor limit, raised, and the connections it allows.
 //! - [`limits`]: every bound on a buffer or queue, in one place.
@@ -23,6 +25,7 @@ pub mod access_check;
 pub mod alarm;
 pub mod bodies_under_way;
 pub mod channel;
+pub mod client_stream;
 pub mod cluster_alarms;
 pub mod cluster_config;
 pub mod config;
@@ -49,6 +52,7 @@ pub mod server;
 pub mod settings;
 pub mod store_config;
 pub mod tcp_listen_options;
+pub mod tls;
 pub mod uncommitted;
 
 pub use server::{run, start, RunningServer, ServerError};

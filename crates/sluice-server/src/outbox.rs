@@ -13,9 +13,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use sluice_wire::encode::encode_heartbeat;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+use crate::client_stream::ClientWriteHalf;
 use crate::connection_registry::ConnectionStats;
 use crate::in_flight::InFlightBytes;
 use crate::limits::{
@@ -190,7 +190,7 @@ impl Outbox {
     /// when closed or when the socket fails.
     pub async fn run_writer(
         self: Arc<Self>,
-        mut socket: OwnedWriteHalf,
+        mut socket: ClientWriteHalf,
         heartbeat: Option<Duration>,
         resume_deliveries: impl Fn() + Send,
     ) {
@@ -216,7 +216,11 @@ impl Outbox {
             // Counted until written: a slow socket holds these bytes.
             let written = pending.len();
             if !pending.is_empty() {
-                let result = socket.write_all(&pending).await;
+                // The flush costs nothing on TCP; TLS sends its records there.
+                let result = match socket.write_all(&pending).await {
+                    Ok(()) => socket.flush().await,
+                    Err(error) => Err(error),
+                };
                 self.in_flight.remove(written);
                 self.stats.sent_bytes.add(written as u64);
                 if let Err(error) = result {

@@ -1,4 +1,5 @@
-//! The TCP listener: accepts connections and stops them on shutdown.
+//! The AMQP listeners, plain and TLS: accept connections and stop them on
+//! shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,12 +18,13 @@ use sluice_core::metadata::{MetadataCommand, NodeIdentity};
 use sluice_core::paging::StoreSettings;
 use sluice_core::vhost::RecoveryError;
 use sluice_store::GroupCommit;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::alarm::AlarmMonitor;
 use crate::bodies_under_way::BodiesUnderWay;
+use crate::client_stream::ClientStream;
 use crate::cluster_alarms;
 use crate::cluster_config::Membership;
 use crate::config::Config;
@@ -40,6 +42,7 @@ use crate::quorum_groups::NodeQuorumGroups;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
+use crate::tls::{TlsListener, TlsSetupError};
 use crate::uncommitted::UncommittedBytes;
 use sluice_core::quorum_queue::replication::QuorumGroups;
 
@@ -82,11 +85,15 @@ pub enum ServerError {
     TakeOver(String),
     #[error("cannot create the default vhost and user: {0}")]
     Seed(String),
+    #[error("invalid TLS configuration")]
+    Tls(#[source] TlsSetupError),
 }
 
 /// A server that is accepting connections.
 pub struct RunningServer {
     pub local_address: SocketAddr,
+    /// The amqps listener's address, when `listeners.ssl.default` is set.
+    pub tls_address: Option<SocketAddr>,
     pub broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -182,6 +189,17 @@ pub async fn start_with_cluster_listener(
     // Checked first: a misconfigured cluster stops the node before anything
     // is opened.
     let membership = config.cluster.membership().map_err(ServerError::Cluster)?;
+    // So are the TLS files: a missing certificate stops the node here.
+    let tls = match config.tls.listen {
+        Some(_) => Some(
+            TlsListener::new(
+                &config.tls,
+                Duration::from_millis(config.handshake_timeout_ms),
+            )
+            .map_err(ServerError::Tls)?,
+        ),
+        None => None,
+    };
     // Read first: a bad file stops the node before anything is opened.
     let loaded = match &config.load_definitions {
         Some(path) => Some(load_definitions(path).map_err(ServerError::Definitions)?),
@@ -219,7 +237,7 @@ pub async fn start_with_cluster_listener(
     // Only now, as RabbitMQ: a client that connects before the node has
     // joined its cluster and caught up is refused, and retries, rather
     // than left waiting on a socket nobody reads.
-    let (listener, local_address) = match bind_amqp(&config) {
+    let (listener, local_address, tls_listener) = match bind_listeners(&config, tls) {
         Ok(bound) => bound,
         Err(error) => {
             quorum_groups.stop_all().await;
@@ -247,8 +265,15 @@ pub async fn start_with_cluster_listener(
     let uncommitted =
         UncommittedBytes::new(memory_watermark_bytes / TX_UNCOMMITTED_WATERMARK_DIVISOR);
     tracing::info!(address = %local_address, "listening for AMQP 0-9-1 connections");
+    let tls_address = tls_listener.as_ref().map(|(_, _, address)| *address);
+    if let Some(address) = tls_address {
+        tracing::info!(%address, "listening for AMQP 0-9-1 connections over TLS");
+    }
     let task = tokio::spawn(accept_loop(
-        listener,
+        Listeners {
+            plain: listener,
+            tls: tls_listener.map(|(listener, tls, _)| (listener, tls)),
+        },
         Arc::clone(&broker),
         settings,
         shutdown_receiver,
@@ -263,6 +288,7 @@ pub async fn start_with_cluster_listener(
     ));
     Ok(RunningServer {
         local_address,
+        tls_address,
         broker,
         shutdown,
         task,
@@ -484,15 +510,35 @@ async fn catch_up(
 }
 
 /// The AMQP listener, with `tcp_listen_options`, and its address.
-fn bind_amqp(config: &Config) -> Result<(TcpListener, SocketAddr), ServerError> {
-    let bind_error = |source| ServerError::Bind {
-        address: config.listen,
-        source,
-    };
+fn bind_amqp(
+    config: &Config,
+    address: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind { address, source };
     let listener =
-        tcp_listen_options::bind(config.listen, &config.tcp_listen_options).map_err(bind_error)?;
+        tcp_listen_options::bind(address, &config.tcp_listen_options).map_err(bind_error)?;
     let local_address = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local_address))
+}
+
+/// The amqps listener: its socket, its TLS set-up and its address.
+type BoundTlsListener = (TcpListener, TlsListener, SocketAddr);
+
+/// The plain AMQP listener and, with `listeners.ssl.default`, the amqps
+/// one; both take `tcp_listen_options`.
+fn bind_listeners(
+    config: &Config,
+    tls: Option<TlsListener>,
+) -> Result<(TcpListener, SocketAddr, Option<BoundTlsListener>), ServerError> {
+    let (listener, local_address) = bind_amqp(config, config.listen)?;
+    let tls_listener = match (tls, config.tls.listen) {
+        (Some(tls), Some(address)) => {
+            let (listener, address) = bind_amqp(config, address)?;
+            Some((listener, tls, address))
+        }
+        _ => None,
+    };
+    Ok((listener, local_address, tls_listener))
 }
 
 /// The group commit, the watch bumped whenever confirms may have come due
@@ -593,47 +639,104 @@ fn store_settings_within_watermark(config: &Config, watermark_bytes: u64) -> Sto
 /// See [`store_settings_within_watermark`].
 const READ_AHEAD_WATERMARK_DIVISOR: u64 = 4;
 
+/// The sockets the node accepts clients on.
+struct Listeners {
+    plain: TcpListener,
+    /// The amqps listener, and the TLS its connections start with.
+    tls: Option<(TcpListener, TlsListener)>,
+}
+
+/// Accepts on the amqps listener, or never when there is none.
+async fn accept_tls(
+    tls: Option<&(TcpListener, TlsListener)>,
+) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match tls {
+        Some((listener, _)) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What every connection task shares.
+#[derive(Clone)]
+struct ConnectionShared {
+    broker: Arc<Broker>,
+    settings: Arc<ServerSettings>,
+    shutdown: watch::Receiver<bool>,
+    durable_rounds: watch::Receiver<u64>,
+    throttle: connection::ResourceThrottle,
+}
+
+impl ConnectionShared {
+    /// Serves a client; over TLS, its handshake first, in this same task,
+    /// so that a slow TLS client holds up no one else.
+    async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: Option<TlsListener>) {
+        let mut shutdown = self.shutdown;
+        let client = match tls {
+            None => ClientStream::plain(stream),
+            Some(tls) => match tls.accept(stream, peer, &mut shutdown).await {
+                Some(client) => client,
+                None => return,
+            },
+        };
+        connection::serve(
+            client,
+            peer,
+            self.broker,
+            self.settings,
+            shutdown,
+            self.durable_rounds,
+            self.throttle,
+        )
+        .await;
+    }
+}
+
 async fn accept_loop(
-    listener: TcpListener,
+    listeners: Listeners,
     broker: Arc<Broker>,
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
     durable_rounds: watch::Receiver<u64>,
     throttle: connection::ResourceThrottle,
 ) {
+    let shared = ConnectionShared {
+        broker,
+        settings: Arc::clone(&settings),
+        shutdown: shutdown.clone(),
+        durable_rounds,
+        throttle,
+    };
+    // Plain and TLS connections together count against connection_max.
     let mut connections = JoinSet::new();
     let mut refusals = RefusalLog::default();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) if connections.len() >= settings.connection_max => {
-                    // Closed at once: the client sees its connection end
-                    // rather than wait on a socket nobody reads.
-                    drop(stream);
-                    refusals.note(peer, settings.connection_max);
-                }
-                Ok((stream, peer)) => {
-                    connections.spawn(connection::serve(
-                        stream,
-                        peer,
-                        Arc::clone(&broker),
-                        Arc::clone(&settings),
-                        shutdown.clone(),
-                        durable_rounds.clone(),
-                        throttle.clone(),
-                    ));
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        let (accepted, tls) = tokio::select! {
+            accepted = listeners.plain.accept() => (accepted, None),
+            accepted = accept_tls(listeners.tls.as_ref()) => {
+                (accepted, listeners.tls.as_ref().map(|(_, tls)| tls.clone()))
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             _ = shutdown.changed() => break,
+        };
+        match accepted {
+            Ok((stream, peer)) if connections.len() >= settings.connection_max => {
+                // Closed at once: the client sees its connection end
+                // rather than wait on a socket nobody reads.
+                drop(stream);
+                refusals.note(peer, settings.connection_max);
+            }
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(settings.nodelay);
+                connections.spawn(shared.clone().serve(stream, peer, tls));
+            }
+            Err(error) => {
+                // Out of file descriptors and the like: back off rather than spin.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
-    drop(listener);
+    drop(listeners);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
     })

@@ -3,16 +3,57 @@
 //! warning. A configuration file from a real deployment starts as it is;
 //! only keys RabbitMQ itself would reject (typos) stop the start.
 //!
-//! An entry ending in `.` covers every key under it (`ssl_options.` covers
-//! `ssl_options.certfile`).
+//! An entry ending in `.` covers every key under it (`ssl_options.ciphers.`
+//! covers `ssl_options.ciphers.1`).
 
 /// Key (or prefix) → why it does not apply.
 const IGNORED: &[(&str, &str)] = &[
     // Not there yet: their issues bring them.
-    ("listeners.ssl.", "TLS listeners are not supported yet"),
-    ("ssl_options.", "TLS is not supported yet"),
-    ("ssl_handshake_timeout", "TLS is not supported yet"),
-    ("num_acceptors.ssl", "TLS is not supported yet"),
+    // TLS options of Erlang's ssl that rustls has no counterpart for.
+    (
+        "ssl_options.ciphers.",
+        "rustls offers its own modern cipher suites (AES-GCM, ChaCha20-Poly1305) only",
+    ),
+    (
+        "ssl_options.honor_cipher_order",
+        "rustls prefers the server's cipher suite order",
+    ),
+    (
+        "ssl_options.honor_ecc_order",
+        "rustls prefers the server's curve order",
+    ),
+    (
+        "ssl_options.client_renegotiation",
+        "rustls never renegotiates",
+    ),
+    (
+        "ssl_options.secure_renegotiate",
+        "rustls never renegotiates",
+    ),
+    (
+        "ssl_options.reuse_sessions",
+        "sessions are resumed from a bounded in-memory cache",
+    ),
+    (
+        "ssl_options.depth",
+        "the certificate chain is checked by webpki with its own bound",
+    ),
+    (
+        "ssl_options.dhfile",
+        "rustls uses elliptic-curve key exchange only",
+    ),
+    (
+        "ssl_options.log_alert",
+        "failed TLS handshakes are logged at info",
+    ),
+    (
+        "ssl_handshake_timeout",
+        "the TLS handshake has handshake_timeout, as the AMQP handshake after it",
+    ),
+    (
+        "num_acceptors.ssl",
+        "one task accepts connections; no acceptor pool to size",
+    ),
     (
         "management.",
         "the management plugin is not part of Sluice yet",
@@ -37,7 +78,10 @@ const IGNORED: &[(&str, &str)] = &[
         "collect_statistics_interval",
         "statistics are collected for the operations endpoints, which are not part of Sluice yet",
     ),
-    ("auth_mechanisms.", "Sluice offers PLAIN and AMQPLAIN"),
+    (
+        "auth_mechanisms.",
+        "Sluice offers PLAIN and AMQPLAIN, and EXTERNAL on TLS connections with a verified client certificate",
+    ),
     (
         "auth_backends.",
         "Sluice authenticates against its own users",

@@ -21,6 +21,7 @@ use crate::cluster_config::ClusterConfig;
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::StoreConfig;
 use crate::tcp_listen_options::TcpListenOptions;
+use crate::tls::TlsConfig;
 use keys::{apply_key, ListLines};
 use suggest::closest_key;
 
@@ -136,6 +137,9 @@ pub struct Config {
     pub store: StoreConfig,
     /// Socket options of the AMQP listener (`tcp_listen_options.*`).
     pub tcp_listen_options: TcpListenOptions,
+    /// The amqps listener and its certificates (`listeners.ssl.default`,
+    /// `ssl_options.*`, `ssl_cert_login_from`). Default: none.
+    pub tls: TlsConfig,
     /// A definitions file in RabbitMQ's JSON format, read at start
     /// (`load_definitions`): its policies apply, its exchanges, queues and
     /// bindings are declared. Default none.
@@ -209,6 +213,7 @@ impl Default for Config {
             disk_free_limit_relative: None,
             store: StoreConfig::default(),
             tcp_listen_options: TcpListenOptions::default(),
+            tls: TlsConfig::default(),
             load_definitions: None,
             cluster: ClusterConfig::default(),
         }
@@ -318,7 +323,10 @@ impl Config {
                     })
                 }
                 None if key.starts_with("listeners.tcp.") => {
-                    return Err(invalid_listener_name(line, key))
+                    return Err(invalid_listener_name(line, key, "listeners.tcp.default"))
+                }
+                None if key.starts_with("listeners.ssl.") => {
+                    return Err(invalid_listener_name(line, key, "listeners.ssl.default"))
                 }
                 None if ignored_keys::reason(key).is_some() => {
                     if !config.ignored.iter().any(|(known, _)| known == key) {
@@ -382,6 +390,7 @@ impl Config {
                 "both disk_free_limit.absolute and disk_free_limit.relative are configured; disk_free_limit.absolute has precedence".to_owned(),
             );
         }
+        warnings.extend(self.tls.warnings());
         for (key, reason) in &self.ignored {
             warnings.push(format!(
                 "'{key}' is accepted but does nothing in Sluice: {reason}"
@@ -415,13 +424,13 @@ fn log_filter_for(level: &str) -> &'static str {
     }
 }
 
-/// Sluice has one AMQP listener; RabbitMQ allows several under any name. Naming the one key
-/// that works is more helpful than "unknown key".
-fn invalid_listener_name(line: usize, key: &str) -> ConfigError {
+/// Sluice has one AMQP listener and one amqps listener; RabbitMQ allows several under any
+/// name. Naming the one key that works is more helpful than "unknown key".
+fn invalid_listener_name(line: usize, key: &str, suggestion: &'static str) -> ConfigError {
     ConfigError::UnknownKey {
         line,
         key: key.to_owned(),
-        suggestion: Some("listeners.tcp.default"),
+        suggestion: Some(suggestion),
     }
 }
 

@@ -3,6 +3,7 @@
 use crate::cluster_config::CLUSTER_KEYS;
 use crate::store_config::STORE_KEYS;
 use crate::tcp_listen_options::TCP_LISTEN_KEYS;
+use crate::tls::config::TLS_KEYS;
 
 /// Every key [`Config::parse`] accepts, for typo suggestions. `loopback_users.<user>` is
 /// listed with the user `guest`, the one people usually write.
@@ -48,6 +49,7 @@ pub(super) fn closest_key(key: &str) -> Option<&'static str> {
         .chain(STORE_KEYS)
         .chain(TCP_LISTEN_KEYS)
         .chain(CLUSTER_KEYS)
+        .chain(TLS_KEYS)
         .map(|known| (edit_distance(key, known), *known))
         .filter(|(distance, _)| *distance <= TYPO_DISTANCE_MAX)
         .min_by_key(|(distance, _)| *distance)
