@@ -147,6 +147,7 @@ impl Member {
                 members: members.to_vec(),
                 cookie: Cookie::new("shared"),
                 heartbeat_timeout: Duration::from_millis(1000),
+                tls: None,
             };
             Some(Links::start(settings).await.expect("links start"))
         } else {

@@ -30,6 +30,7 @@ fn settings(node: &NodeName, members: &[NodeName], cookie: &str) -> LinkSettings
         members: members.to_vec(),
         cookie: Cookie::new(cookie),
         heartbeat_timeout: HEARTBEAT_TIMEOUT,
+        tls: None,
     }
 }
 

@@ -24,6 +24,10 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "cluster_formation.peer_discovery_backend",
     "cluster_formation.classic_config.nodes.1",
     "cluster_link.heartbeat_timeout",
+    "cluster_link.ssl",
+    "cluster_link.ssl_options.cacertfile",
+    "cluster_link.ssl_options.certfile",
+    "cluster_link.ssl_options.keyfile",
 ];
 
 /// The peer discovery backends Sluice has: RabbitMQ's static list, under
@@ -50,6 +54,21 @@ pub struct ClusterConfig {
     /// A peer that sends nothing for this long is down
     /// (`cluster_link.heartbeat_timeout`, milliseconds; default 5000).
     pub link_heartbeat_timeout: Duration,
+    /// TLS between the nodes (`cluster_link.ssl` and
+    /// `cluster_link.ssl_options.*`, Sluice keys: RabbitMQ sets inter-node
+    /// TLS in Erlang's distribution options instead).
+    pub link_tls: LinkTlsConfig,
+}
+
+/// `cluster_link.ssl = true` and the files both ends of every link use:
+/// this node's certificate and key, and the authority that signed every
+/// node's certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkTlsConfig {
+    pub enabled: bool,
+    pub cacertfile: Option<std::path::PathBuf>,
+    pub certfile: Option<std::path::PathBuf>,
+    pub keyfile: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -59,6 +78,7 @@ impl Default for ClusterConfig {
             peer_discovery_backend: None,
             classic_config_nodes: BTreeMap::new(),
             link_heartbeat_timeout: HEARTBEAT_TIMEOUT_DEFAULT,
+            link_tls: LinkTlsConfig::default(),
         }
     }
 }
@@ -103,6 +123,25 @@ pub fn apply(config: &mut ClusterConfig, key: &str, value: &str) -> Option<Resul
                     HEARTBEAT_TIMEOUT_MS_RANGE.end()
                 )
             }),
+        "cluster_link.ssl" => match value {
+            "true" | "false" => {
+                config.link_tls.enabled = value == "true";
+                Ok(())
+            }
+            _ => Err("expected 'true' or 'false'".to_owned()),
+        },
+        "cluster_link.ssl_options.cacertfile" => {
+            config.link_tls.cacertfile = Some(value.into());
+            Ok(())
+        }
+        "cluster_link.ssl_options.certfile" => {
+            config.link_tls.certfile = Some(value.into());
+            Ok(())
+        }
+        "cluster_link.ssl_options.keyfile" => {
+            config.link_tls.keyfile = Some(value.into());
+            Ok(())
+        }
         _ => {
             let index = key.strip_prefix("cluster_formation.classic_config.nodes.")?;
             let Ok(index) = index.parse::<u32>() else {
@@ -194,6 +233,28 @@ mod tests {
         assert_eq!(membership.node.as_str(), "sluice2@127.0.0.1:25682");
         assert_eq!(membership.members.len(), 3);
         assert_eq!(ClusterConfig::default().membership(), Ok(None));
+    }
+
+    #[test]
+    fn cluster_config_link_tls_keys() {
+        let config = configured(&[
+            ("cluster_link.ssl", "true"),
+            ("cluster_link.ssl_options.cacertfile", "/etc/sluice/ca.pem"),
+            ("cluster_link.ssl_options.certfile", "/etc/sluice/node.pem"),
+            (
+                "cluster_link.ssl_options.keyfile",
+                "/etc/sluice/node_key.pem",
+            ),
+        ])
+        .unwrap();
+        assert!(config.link_tls.enabled);
+        assert_eq!(
+            config.link_tls.certfile.as_deref(),
+            Some(std::path::Path::new("/etc/sluice/node.pem"))
+        );
+        assert!(!ClusterConfig::default().link_tls.enabled);
+        let refused = configured(&[("cluster_link.ssl", "yes")]);
+        assert!(refused.unwrap_err().contains("'true' or 'false'"));
     }
 
     #[test]

@@ -608,11 +608,13 @@ async fn start_links(
     listener: Option<TcpListener>,
 ) -> Result<Arc<Links>, ServerError> {
     let cookie = Cookie::load().map_err(ServerError::Cookie)?;
+    let tls = crate::tls::link_tls(&config.cluster.link_tls).map_err(ServerError::Tls)?;
     let settings = LinkSettings {
         node: membership.node,
         members: membership.members,
         cookie,
         heartbeat_timeout: config.cluster.link_heartbeat_timeout,
+        tls,
     };
     let (node, count) = (settings.node.clone(), settings.members.len());
     let links = match listener {

@@ -49,6 +49,7 @@ async fn three_nodes(test: &str) -> (Vec<RunningServer>, Vec<std::path::PathBuf>
                 peer_discovery_backend: Some("classic_config".to_owned()),
                 classic_config_nodes: members.clone(),
                 link_heartbeat_timeout: Duration::from_secs(1),
+                ..ClusterConfig::default()
             },
             ..Config::default()
         };

@@ -652,3 +652,166 @@ fn assert_no_file_in(dir: &Path) {
         "the data directory was written to"
     );
 }
+
+/// Three nodes linked in this process, each with `certificates[i]`'s
+/// certificate for its links (issued by `pki`, or by `other` for the
+/// names `other` lists). Returns the nodes that started, in order, and the
+/// names of all three; a node refused by the others never starts, so only
+/// `expected` nodes are awaited.
+async fn tls_cluster(
+    pki: &Pki,
+    other: &Pki,
+    strangers: &[usize],
+    expected: usize,
+) -> (
+    Vec<sluice_server::RunningServer>,
+    Vec<sluice_cluster::node_name::NodeName>,
+) {
+    use std::collections::BTreeMap;
+
+    use sluice_server::cluster_config::{ClusterConfig, LinkTlsConfig};
+    use tokio::net::TcpListener;
+
+    std::env::set_var("SLUICE_COOKIE", "tls test secret");
+    let mut listeners = Vec::new();
+    let mut names = Vec::new();
+    for index in 1..=3 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let name: sluice_cluster::node_name::NodeName =
+            format!("sluice{index}@{}", listener.local_addr().unwrap())
+                .parse()
+                .unwrap();
+        names.push(name);
+        listeners.push(listener);
+    }
+    let members: BTreeMap<u32, _> = (1..=3).zip(names.iter().cloned()).collect();
+    let mut starting = Vec::new();
+    for (index, (listener, name)) in listeners.into_iter().zip(&names).enumerate() {
+        let issuer = if strangers.contains(&index) {
+            other
+        } else {
+            pki
+        };
+        let certificate = format!("node{index}");
+        issuer.issue(
+            &certificate,
+            &[(DnType::CommonName, name.name())],
+            Vec::new(),
+        );
+        let config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: pki.dir.join(format!("data{index}")),
+            cluster: ClusterConfig {
+                node_name: Some(name.clone()),
+                peer_discovery_backend: Some("classic_config".to_owned()),
+                classic_config_nodes: members.clone(),
+                link_heartbeat_timeout: Duration::from_secs(1),
+                link_tls: LinkTlsConfig {
+                    enabled: true,
+                    cacertfile: Some(pki.ca()),
+                    certfile: Some(issuer.certificate(&certificate)),
+                    keyfile: Some(issuer.key(&certificate)),
+                },
+            },
+            ..Config::default()
+        };
+        starting.push(tokio::spawn(
+            sluice_server::server::start_with_cluster_listener(config, Some(listener)),
+        ));
+    }
+    let mut servers = Vec::new();
+    for started in starting.into_iter().take(expected) {
+        servers.push(started.await.unwrap().expect("the node starts"));
+    }
+    (servers, names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_between_cluster_nodes_carries_the_metadata() {
+    let (pki, other) = (Pki::new(), Pki::new());
+    let (servers, _) = tls_cluster(&pki, &other, &[], 3).await;
+    let exchange = sluice_core::metadata::MetadataCommand::DeclareExchange {
+        vhost: "/".into(),
+        name: "over-tls".into(),
+        kind: "direct".into(),
+        durable: true,
+        auto_delete: false,
+        internal: false,
+        arguments: Default::default(),
+    };
+    servers[0]
+        .broker
+        .metadata
+        .propose(exchange)
+        .await
+        .expect("a majority over TLS links commits it");
+    for server in &servers {
+        helpers::eventually("every node applies it", || {
+            server
+                .broker
+                .vhost("/")
+                .is_some_and(|vhost| vhost.exchange("over-tls").is_ok())
+        })
+        .await;
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn tls_between_cluster_nodes_needs_all_three_files() {
+    let pki = Pki::new();
+    let text = format!(
+        "node_name = a@127.0.0.1:1\n\
+         cluster_formation.classic_config.nodes.1 = a@127.0.0.1:1\n\
+         cluster_formation.classic_config.nodes.2 = b@127.0.0.1:2\n\
+         cluster_link.ssl = true\n\
+         cluster_link.ssl_options.cacertfile = {}\n\
+         cluster_link.ssl_options.certfile = {}\n",
+        pki.ca().display(),
+        pki.certificate("server").display()
+    );
+    let config = Config::parse(
+        &text,
+        Config {
+            data_dir: pki.dir.join("data"),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    std::env::set_var("SLUICE_COOKIE", "tls test secret");
+    let error = match sluice_server::start(config).await {
+        Ok(_) => panic!("the node must not start"),
+        Err(error) => error,
+    };
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(
+        text.contains("cluster_link.ssl is true but cluster_link.ssl_options.keyfile is not"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_between_cluster_nodes_refuses_a_node_the_authority_did_not_sign() {
+    let (pki, other) = (Pki::new(), Pki::new());
+    // The third node's certificate comes from another authority: the two
+    // others form the cluster without it.
+    let (servers, names) = tls_cluster(&pki, &other, &[2], 2).await;
+    let links = servers[0].cluster_links().expect("a cluster");
+    helpers::eventually("the stranger's link is refused over TLS", || {
+        matches!(
+            links.peer_state(&names[2]),
+            Some(sluice_cluster::link::PeerState::Down(reason)) if reason.contains("TLS")
+        )
+    })
+    .await;
+    for server in servers {
+        server.stop().await;
+    }
+}

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::frame::{encode_frame, split_frame, FrameError, FrameKind, LINK_CHANNEL};
@@ -98,7 +97,7 @@ pub fn send_queue() -> (LinkSender, LinkQueue) {
 /// Runs a link until it goes down: the peer is silent past
 /// `heartbeat_timeout`, closes, fails, or `stop` resolves.
 pub async fn run(
-    (read_half, write_half): (OwnedReadHalf, OwnedWriteHalf),
+    (read_half, write_half): (impl AsyncRead + Unpin, impl AsyncWrite + Unpin),
     buffer: BytesMut,
     queue: LinkQueue,
     (peer, generation, subscribers): (&NodeName, u64, &Subscribers),
@@ -114,7 +113,7 @@ pub async fn run(
 }
 
 async fn read_loop(
-    mut read_half: OwnedReadHalf,
+    mut read_half: impl AsyncRead + Unpin,
     mut buffer: BytesMut,
     (peer, generation): (&NodeName, u64),
     subscribers: &Subscribers,
@@ -150,7 +149,7 @@ async fn read_loop(
 }
 
 async fn write_loop(
-    mut write_half: OwnedWriteHalf,
+    mut write_half: impl AsyncWrite + Unpin,
     queue: LinkQueue,
     interval: Duration,
 ) -> LinkDown {
@@ -180,7 +179,11 @@ async fn write_loop(
                 }
             }
         }
+        // Flushed: over TLS, written bytes wait in the session until then.
         if let Err(error) = write_half.write_all(&out).await {
+            return LinkDown::Io(error);
+        }
+        if let Err(error) = write_half.flush().await {
             return LinkDown::Io(error);
         }
         out.clear();

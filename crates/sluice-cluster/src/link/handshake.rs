@@ -43,6 +43,10 @@ pub enum HandshakeError {
     Frame(#[from] FrameError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The TLS handshake failed: no certificate, one the cluster's
+    /// authority did not sign, or a peer that does not speak TLS.
+    #[error("TLS: {0}")]
+    Tls(std::io::Error),
 }
 
 /// What each side knows of the handshake once it succeeded.

@@ -15,6 +15,7 @@ mod connection;
 mod frame;
 mod handshake;
 mod subscribers;
+mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ pub use connection::{LinkDown, LINK_SEND_BUFFER_BYTES_MAX, LINK_SEND_QUEUE_FRAME
 pub use frame::{FRAME_PAYLOAD_BYTES_MAX, LINK_CHANNEL};
 pub use handshake::HandshakeError;
 pub use subscribers::{Received, CHANNEL_QUEUE_FRAMES};
+pub use tls::{LinkStream, LinkTls};
 
 use crate::cookie::Cookie;
 use crate::node_name::NodeName;
@@ -58,6 +60,8 @@ pub struct LinkSettings {
     pub members: Vec<NodeName>,
     pub cookie: Cookie,
     pub heartbeat_timeout: Duration,
+    /// TLS on every link (`cluster_link.ssl`); None for plain TCP.
+    pub tls: Option<LinkTls>,
 }
 
 /// Where a peer's link stands.
@@ -304,16 +308,25 @@ impl Links {
         }
     }
 
-    async fn accept_one(self: Arc<Self>, mut stream: TcpStream, address: SocketAddr) {
+    async fn accept_one(self: Arc<Self>, stream: TcpStream, address: SocketAddr) {
         let settings = &self.settings;
-        let handshake = handshake::accept(
-            &mut stream,
-            &settings.node,
-            &settings.members,
-            &settings.cookie,
-        );
-        let handshaken = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-            Ok(Ok(handshaken)) => handshaken,
+        let _ = stream.set_nodelay(true);
+        let handshake = async {
+            let mut stream = match &settings.tls {
+                Some(tls) => tls.accept(stream).await.map_err(HandshakeError::Tls)?,
+                None => tls::plain(stream),
+            };
+            let handshaken = handshake::accept(
+                &mut stream,
+                &settings.node,
+                &settings.members,
+                &settings.cookie,
+            )
+            .await?;
+            Ok((stream, handshaken))
+        };
+        let (stream, handshaken) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(linked)) => linked,
             Ok(Err(error)) => {
                 log_refusal(&address.to_string(), &error);
                 return;
@@ -357,18 +370,34 @@ impl Links {
         }
     }
 
-    async fn dial(&self, peer: &NodeName) -> Result<(TcpStream, handshake::Handshaken), String> {
+    async fn dial(&self, peer: &NodeName) -> Result<(LinkStream, handshake::Handshaken), String> {
         let connect = TcpStream::connect(peer.host_port());
-        let mut stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+        let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(error)) => return Err(error.to_string()),
             Err(_) => return Err("connecting timed out".to_owned()),
         };
         let _ = stream.set_nodelay(true);
         let settings = &self.settings;
-        let handshake = handshake::dial(&mut stream, &settings.node, peer, &settings.cookie);
+        let handshake = async {
+            let mut stream = match &settings.tls {
+                Some(tls) => {
+                    let host = peer
+                        .host_port()
+                        .rsplit_once(':')
+                        .map_or("", |(host, _)| host);
+                    tls.connect(host, stream)
+                        .await
+                        .map_err(HandshakeError::Tls)?
+                }
+                None => tls::plain(stream),
+            };
+            let handshaken =
+                handshake::dial(&mut stream, &settings.node, peer, &settings.cookie).await?;
+            Ok((stream, handshaken))
+        };
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-            Ok(Ok(handshaken)) => Ok((stream, handshaken)),
+            Ok(Ok(linked)) => Ok(linked),
             Ok(Err(error)) => {
                 log_refusal(peer.as_str(), &error);
                 Err(error.to_string())
@@ -384,12 +413,11 @@ impl Links {
     }
 
     /// Runs a link that passed its handshake until it goes down.
-    async fn run_link(&self, stream: TcpStream, handshaken: handshake::Handshaken) {
+    async fn run_link(&self, stream: LinkStream, handshaken: handshake::Handshaken) {
         let peer = handshaken.peer;
         let Some(slot) = self.peers.get(&peer) else {
             return;
         };
-        let _ = stream.set_nodelay(true);
         let (sender, queue) = connection::send_queue();
         let generation = self
             .generation
@@ -400,7 +428,7 @@ impl Links {
         slot.state.send_replace(PeerState::Up);
         tracing::info!(%peer, "link up");
         let down = connection::run(
-            stream.into_split(),
+            tokio::io::split(stream),
             handshaken.buffer,
             queue,
             (&peer, generation, &self.subscribers),

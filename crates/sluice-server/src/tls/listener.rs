@@ -28,6 +28,8 @@ use crate::client_stream::ClientStream;
 pub enum TlsSetupError {
     #[error("listeners.ssl.default is set but {key} is not: the TLS listener needs it")]
     Missing { key: &'static str },
+    #[error("cluster_link.ssl is true but {key} is not: TLS between the nodes needs it")]
+    MissingForLink { key: &'static str },
     #[error("{key}: cannot read {}", path.display())]
     Read {
         key: &'static str,
@@ -42,12 +44,24 @@ pub enum TlsSetupError {
         what: &'static str,
         reason: String,
     },
-    #[error("ssl_options.keyfile: the key in {} does not match the certificate in {} (ssl_options.certfile)", keyfile.display(), certfile.display())]
-    KeyMismatch { keyfile: PathBuf, certfile: PathBuf },
-    #[error("ssl_options.keyfile: {}: {reason}", path.display())]
-    Key { path: PathBuf, reason: String },
-    #[error("ssl_options.cacertfile: {}: {reason}", path.display())]
-    Authorities { path: PathBuf, reason: String },
+    #[error("{}: the key in {} does not match the certificate in {} ({})", keys.keyfile, keyfile.display(), certfile.display(), keys.certfile)]
+    KeyMismatch {
+        keys: FileKeys,
+        keyfile: PathBuf,
+        certfile: PathBuf,
+    },
+    #[error("{key}: {}: {reason}", path.display())]
+    Key {
+        key: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{key}: {}: {reason}", path.display())]
+    Authorities {
+        key: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("ssl_options.versions names no version Sluice speaks (tlsv1.3, tlsv1.2)")]
     NoVersions,
 }
@@ -72,7 +86,7 @@ impl TlsListener {
         let certfile = required(&config.certfile, "ssl_options.certfile")?;
         let keyfile = required(&config.keyfile, "ssl_options.keyfile")?;
         let chain = read_certificates("ssl_options.certfile", certfile)?;
-        let key = read_key(keyfile)?;
+        let key = read_key(CLIENT_KEYS.keyfile, keyfile)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&protocol_versions(config)?)
@@ -81,7 +95,7 @@ impl TlsListener {
             PeerVerification::VerifyNone => builder.with_no_client_auth(),
             PeerVerification::VerifyPeer => {
                 let cacertfile = required(&config.cacertfile, "ssl_options.cacertfile")?;
-                let roots = read_authorities(cacertfile)?;
+                let roots = read_authorities(CLIENT_KEYS.cacertfile, cacertfile)?;
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
                 let verifier = if config.fail_if_no_peer_cert {
                     verifier
@@ -91,6 +105,7 @@ impl TlsListener {
                 let verifier = verifier
                     .build()
                     .map_err(|error| TlsSetupError::Authorities {
+                        key: CLIENT_KEYS.cacertfile,
                         path: cacertfile.to_owned(),
                         reason: error.to_string(),
                     })?;
@@ -101,10 +116,12 @@ impl TlsListener {
             .with_single_cert(chain, key)
             .map_err(|error| match error {
                 rustls::Error::InconsistentKeys(_) => TlsSetupError::KeyMismatch {
+                    keys: CLIENT_KEYS,
                     keyfile: keyfile.to_owned(),
                     certfile: certfile.to_owned(),
                 },
                 other => TlsSetupError::Key {
+                    key: CLIENT_KEYS.keyfile,
                     path: keyfile.to_owned(),
                     reason: other.to_string(),
                 },
@@ -158,11 +175,29 @@ impl TlsListener {
     }
 }
 
-fn required<'a>(path: &'a Option<PathBuf>, key: &'static str) -> Result<&'a Path, TlsSetupError> {
+/// The configuration keys naming a TLS side's files, for its errors.
+#[derive(Clone, Copy, Debug)]
+pub struct FileKeys {
+    pub certfile: &'static str,
+    pub keyfile: &'static str,
+    pub cacertfile: &'static str,
+}
+
+/// The amqps listener's.
+const CLIENT_KEYS: FileKeys = FileKeys {
+    certfile: "ssl_options.certfile",
+    keyfile: "ssl_options.keyfile",
+    cacertfile: "ssl_options.cacertfile",
+};
+
+pub(super) fn required<'a>(
+    path: &'a Option<PathBuf>,
+    key: &'static str,
+) -> Result<&'a Path, TlsSetupError> {
     path.as_deref().ok_or(TlsSetupError::Missing { key })
 }
 
-fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsSetupError> {
+pub(super) fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsSetupError> {
     std::fs::read(path).map_err(|source| TlsSetupError::Read {
         key,
         path: path.to_owned(),
@@ -170,7 +205,7 @@ fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsSetupError> {
     })
 }
 
-fn read_certificates(
+pub(super) fn read_certificates(
     key: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
@@ -190,22 +225,31 @@ fn read_certificates(
     Ok(certificates)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
-    let bytes = read_file("ssl_options.keyfile", path)?;
+/// The private key of the file `key` names.
+pub(super) fn read_key(
+    key: &'static str,
+    path: &Path,
+) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
+    let bytes = read_file(key, path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| TlsSetupError::Pem {
-        key: "ssl_options.keyfile",
+        key,
         path: path.to_owned(),
         what: "private key",
         reason: error.to_string(),
     })
 }
 
-fn read_authorities(path: &Path) -> Result<Arc<RootCertStore>, TlsSetupError> {
+/// The authorities of the file `key` names.
+pub(super) fn read_authorities(
+    key: &'static str,
+    path: &Path,
+) -> Result<Arc<RootCertStore>, TlsSetupError> {
     let mut roots = RootCertStore::empty();
-    for certificate in read_certificates("ssl_options.cacertfile", path)? {
+    for certificate in read_certificates(key, path)? {
         roots
             .add(certificate)
             .map_err(|error| TlsSetupError::Authorities {
+                key,
                 path: path.to_owned(),
                 reason: error.to_string(),
             })?;

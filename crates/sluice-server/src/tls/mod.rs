@@ -6,11 +6,14 @@
 //!   connection's TLS handshake, run in the connection's own task.
 //! - [`certificate_login`]: the user a verified client certificate names,
 //!   for SASL EXTERNAL.
+//! - [`cluster_link`]: TLS between the nodes of a cluster.
 
 pub mod certificate_login;
+pub mod cluster_link;
 pub mod config;
 pub mod listener;
 
 pub use certificate_login::CertificateLogin;
+pub use cluster_link::link_tls;
 pub use config::{CertificateLoginFrom, PeerVerification, TlsConfig, TlsVersion};
 pub use listener::{TlsListener, TlsSetupError};
