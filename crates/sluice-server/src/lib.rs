@@ -28,6 +28,7 @@ pub mod channel;
 pub mod client_stream;
 pub mod cluster_alarms;
 pub mod cluster_config;
+pub mod cluster_connection_counts;
 pub mod config;
 pub mod connection;
 pub mod connection_context;

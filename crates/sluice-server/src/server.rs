@@ -25,7 +25,6 @@ use tokio::task::JoinSet;
 use crate::alarm::AlarmMonitor;
 use crate::bodies_under_way::BodiesUnderWay;
 use crate::client_stream::ClientStream;
-use crate::cluster_alarms;
 use crate::cluster_config::Membership;
 use crate::config::Config;
 use crate::connection;
@@ -44,6 +43,7 @@ use crate::settings::ServerSettings;
 use crate::tcp_listen_options;
 use crate::tls::{TlsListener, TlsSetupError};
 use crate::uncommitted::UncommittedBytes;
+use crate::{cluster_alarms, cluster_connection_counts};
 use sluice_core::quorum_queue::replication::QuorumGroups;
 
 /// Open connections get this long to finish their close handshake when the
@@ -250,6 +250,10 @@ pub async fn start_with_cluster_listener(
             return Err(error);
         }
     };
+    // A vhost's max-connections counts every node's connections.
+    if let Some(links) = &links {
+        cluster_connection_counts::start(Arc::clone(links), Arc::clone(&broker));
+    }
     // An alarm on any node of the cluster blocks publishers here too.
     let alarms = match &links {
         Some(links) => cluster_alarms::start(Arc::clone(links), alarm_monitor.subscribe()),

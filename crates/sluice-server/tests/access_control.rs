@@ -617,3 +617,48 @@ async fn topic_permissions_restrict_routing_keys_on_topic_exchanges() {
         )
     );
 }
+
+/// max-connections counts the connections of every node of a cluster, as
+/// RabbitMQ counts them: staging allows 5 (the RabbitMQ export's limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_counts_the_connections_of_every_node() {
+    let cluster = support::cluster::TestCluster::start("connection-limit", 3, |_, _, config| {
+        config.load_definitions = Some(exported_definitions());
+    })
+    .await;
+    let uri = |node: usize| {
+        format!(
+            "amqp://alice:alice-pw@{}/staging",
+            cluster.servers[node].local_address
+        )
+    };
+    let mut open = Vec::new();
+    for node in [0, 0, 1, 1, 2] {
+        let connection = Connection::connect(&uri(node), ConnectionProperties::default())
+            .await
+            .expect("under the limit");
+        open.push(connection);
+    }
+    // Once the nodes have told each other their counts, none admits a sixth.
+    for server in &cluster.servers {
+        eventually("every node knows the other nodes' connections", || {
+            server
+                .broker
+                .vhost("staging")
+                .is_some_and(|vhost| vhost.connection_count() + vhost.connections_elsewhere() == 5)
+        })
+        .await;
+    }
+    for node in 0..3 {
+        assert_eq!(
+            amqp_error(Connection::connect(&uri(node), ConnectionProperties::default()).await),
+            (
+                530,
+                "NOT_ALLOWED - access to vhost 'staging' refused for user 'alice': connection limit (5) is reached"
+                    .to_owned()
+            )
+        );
+    }
+    drop(open);
+    cluster.stop().await;
+}

@@ -4,66 +4,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use sluice_cluster::node_name::NodeName;
-use sluice_server::cluster_config::ClusterConfig;
-use sluice_server::config::Config;
 use sluice_server::resource_limit::MemoryWatermark;
-use sluice_server::server::start_with_cluster_listener;
-use sluice_server::RunningServer;
 use sluice_wire::amq_protocol::protocol::{connection, queue, AMQPClass};
 use sluice_wire::amq_protocol::types::FieldTable;
 use sluice_wire::method::Method;
+use support::cluster::TestCluster;
 use support::raw::RawClient;
-use tokio::net::TcpListener;
-
-async fn three_nodes(test: &str) -> (Vec<RunningServer>, Vec<std::path::PathBuf>) {
-    // Every node of this process shares the secret.
-    std::env::set_var("SLUICE_COOKIE", "alarm test secret");
-    let mut listeners = Vec::new();
-    let mut names: Vec<NodeName> = Vec::new();
-    for index in 1..=3 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let name = format!("sluice{index}@{}", listener.local_addr().unwrap());
-        names.push(name.parse().unwrap());
-        listeners.push(listener);
-    }
-    let members: BTreeMap<u32, NodeName> = (1..=3).zip(names.iter().cloned()).collect();
-    let mut starting = Vec::new();
-    let mut dirs = Vec::new();
-    for (listener, name) in listeners.into_iter().zip(&names) {
-        let data_dir = std::env::temp_dir().join(format!(
-            "sluice-{test}-{}-{}",
-            name.name(),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&data_dir);
-        dirs.push(data_dir.clone());
-        let config = Config {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir,
-            cluster: ClusterConfig {
-                node_name: Some(name.clone()),
-                peer_discovery_backend: Some("classic_config".to_owned()),
-                classic_config_nodes: members.clone(),
-                link_heartbeat_timeout: Duration::from_secs(1),
-                ..ClusterConfig::default()
-            },
-            ..Config::default()
-        };
-        starting.push(tokio::spawn(start_with_cluster_listener(
-            config,
-            Some(listener),
-        )));
-    }
-    let mut servers = Vec::new();
-    for started in starting {
-        servers.push(started.await.unwrap().expect("the node starts"));
-    }
-    (servers, dirs)
-}
 
 /// Declares `queue` on channel 1 and publishes once into it.
 async fn publish_once(client: &mut RawClient, queue: &str) {
@@ -87,7 +33,8 @@ async fn publish_once(client: &mut RawClient, queue: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_alarms_one_nodes_alarm_blocks_publishers_on_the_others() {
-    let (servers, dirs) = three_nodes("alarms").await;
+    let cluster = TestCluster::start("alarms", 3, |_, _, _| {}).await;
+    let servers = &cluster.servers;
     // Node 3 runs out of memory, as far as its watermark says.
     servers[2]
         .alarm_monitor()
@@ -121,10 +68,5 @@ async fn cluster_alarms_one_nodes_alarm_blocks_publishers_on_the_others() {
         "expected connection.unblocked, got {method:?}"
     );
 
-    for server in servers {
-        server.stop().await;
-    }
-    for dir in dirs {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    cluster.stop().await;
 }

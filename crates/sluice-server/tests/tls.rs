@@ -31,6 +31,7 @@ use sluice_wire::amq_protocol::types::{AMQPValue, FieldTable};
 use sluice_wire::encode::encode_control;
 use sluice_wire::frame::{split_frame, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
+use support::cluster::TestCluster;
 use support::TestServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -653,40 +654,13 @@ fn assert_no_file_in(dir: &Path) {
     );
 }
 
-/// Three nodes linked in this process, each with `certificates[i]`'s
-/// certificate for its links (issued by `pki`, or by `other` for the
-/// names `other` lists). Returns the nodes that started, in order, and the
-/// names of all three; a node refused by the others never starts, so only
-/// `expected` nodes are awaited.
-async fn tls_cluster(
-    pki: &Pki,
-    other: &Pki,
-    strangers: &[usize],
-    expected: usize,
-) -> (
-    Vec<sluice_server::RunningServer>,
-    Vec<sluice_cluster::node_name::NodeName>,
-) {
-    use std::collections::BTreeMap;
+/// Three nodes whose links run over TLS, each with a certificate `pki`
+/// issued, or `other` for the nodes `strangers` lists; waits for the first
+/// `expected` (the others refuse a stranger, which never starts).
+async fn tls_cluster(pki: &Pki, other: &Pki, strangers: &[usize], expected: usize) -> TestCluster {
+    use sluice_server::cluster_config::LinkTlsConfig;
 
-    use sluice_server::cluster_config::{ClusterConfig, LinkTlsConfig};
-    use tokio::net::TcpListener;
-
-    std::env::set_var("SLUICE_COOKIE", "tls test secret");
-    let mut listeners = Vec::new();
-    let mut names = Vec::new();
-    for index in 1..=3 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let name: sluice_cluster::node_name::NodeName =
-            format!("sluice{index}@{}", listener.local_addr().unwrap())
-                .parse()
-                .unwrap();
-        names.push(name);
-        listeners.push(listener);
-    }
-    let members: BTreeMap<u32, _> = (1..=3).zip(names.iter().cloned()).collect();
-    let mut starting = Vec::new();
-    for (index, (listener, name)) in listeners.into_iter().zip(&names).enumerate() {
+    TestCluster::start("tls-link", expected, |index, name, config| {
         let issuer = if strangers.contains(&index) {
             other
         } else {
@@ -698,38 +672,21 @@ async fn tls_cluster(
             &[(DnType::CommonName, name.name())],
             Vec::new(),
         );
-        let config = Config {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: pki.dir.join(format!("data{index}")),
-            cluster: ClusterConfig {
-                node_name: Some(name.clone()),
-                peer_discovery_backend: Some("classic_config".to_owned()),
-                classic_config_nodes: members.clone(),
-                link_heartbeat_timeout: Duration::from_secs(1),
-                link_tls: LinkTlsConfig {
-                    enabled: true,
-                    cacertfile: Some(pki.ca()),
-                    certfile: Some(issuer.certificate(&certificate)),
-                    keyfile: Some(issuer.key(&certificate)),
-                },
-            },
-            ..Config::default()
+        config.cluster.link_tls = LinkTlsConfig {
+            enabled: true,
+            cacertfile: Some(pki.ca()),
+            certfile: Some(issuer.certificate(&certificate)),
+            keyfile: Some(issuer.key(&certificate)),
         };
-        starting.push(tokio::spawn(
-            sluice_server::server::start_with_cluster_listener(config, Some(listener)),
-        ));
-    }
-    let mut servers = Vec::new();
-    for started in starting.into_iter().take(expected) {
-        servers.push(started.await.unwrap().expect("the node starts"));
-    }
-    (servers, names)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_between_cluster_nodes_carries_the_metadata() {
     let (pki, other) = (Pki::new(), Pki::new());
-    let (servers, _) = tls_cluster(&pki, &other, &[], 3).await;
+    let cluster = tls_cluster(&pki, &other, &[], 3).await;
+    let servers = &cluster.servers;
     let exchange = sluice_core::metadata::MetadataCommand::DeclareExchange {
         vhost: "/".into(),
         name: "over-tls".into(),
@@ -745,7 +702,7 @@ async fn tls_between_cluster_nodes_carries_the_metadata() {
         .propose(exchange)
         .await
         .expect("a majority over TLS links commits it");
-    for server in &servers {
+    for server in servers {
         helpers::eventually("every node applies it", || {
             server
                 .broker
@@ -754,9 +711,7 @@ async fn tls_between_cluster_nodes_carries_the_metadata() {
         })
         .await;
     }
-    for server in servers {
-        server.stop().await;
-    }
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -780,7 +735,7 @@ async fn tls_between_cluster_nodes_needs_all_three_files() {
         },
     )
     .unwrap();
-    std::env::set_var("SLUICE_COOKIE", "tls test secret");
+    std::env::set_var("SLUICE_COOKIE", support::cluster::COOKIE);
     let error = match sluice_server::start(config).await {
         Ok(_) => panic!("the node must not start"),
         Err(error) => error,
@@ -802,16 +757,14 @@ async fn tls_between_cluster_nodes_refuses_a_node_the_authority_did_not_sign() {
     let (pki, other) = (Pki::new(), Pki::new());
     // The third node's certificate comes from another authority: the two
     // others form the cluster without it.
-    let (servers, names) = tls_cluster(&pki, &other, &[2], 2).await;
-    let links = servers[0].cluster_links().expect("a cluster");
+    let cluster = tls_cluster(&pki, &other, &[2], 2).await;
+    let links = cluster.servers[0].cluster_links().expect("a cluster");
     helpers::eventually("the stranger's link is refused over TLS", || {
         matches!(
-            links.peer_state(&names[2]),
+            links.peer_state(&cluster.names[2]),
             Some(sluice_cluster::link::PeerState::Down(reason)) if reason.contains("TLS")
         )
     })
     .await;
-    for server in servers {
-        server.stop().await;
-    }
+    cluster.stop().await;
 }

@@ -12,34 +12,33 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use support::cluster::{cluster, Node};
+use support::connect_uri;
 
 fn exported_definitions() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../sluice-server/tests/fixtures/rabbitmq-3.10.8-definitions.json")
 }
 
-async fn login(node: &Node, user: &str, password: &str, vhost: &str) -> lapin::Result<Connection> {
-    let uri = format!(
+fn uri(node: &Node, user: &str, password: &str, vhost: &str) -> String {
+    format!(
         "amqp://{user}:{password}@127.0.0.1:{}/{}",
         node.amqp_port,
         vhost.replace('/', "%2f")
-    );
-    Connection::connect(&uri, ConnectionProperties::default()).await
+    )
+}
+
+async fn login(node: &Node, user: &str, password: &str, vhost: &str) -> lapin::Result<Connection> {
+    Connection::connect(
+        &uri(node, user, password, vhost),
+        ConnectionProperties::default(),
+    )
+    .await
 }
 
 /// Logs in once the node is up (it refuses connections until it has
 /// joined its cluster).
 async fn login_when_up(node: &Node, user: &str, password: &str, vhost: &str) -> Connection {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        match login(node, user, password, vhost).await {
-            Ok(connection) => return connection,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("{user} logs in to {vhost} on {}: {error}", node.name),
-        }
-    }
+    connect_uri(&uri(node, user, password, vhost)).await
 }
 
 async fn declare(connection: &Connection, name: &str) -> lapin::Result<lapin::Queue> {

@@ -147,6 +147,8 @@ pub struct VirtualHost {
     deferred_timers: Mutex<Option<Vec<Arc<dyn Queue>>>>,
     /// Connections open on this node, for `max-connections`.
     open_connections: std::sync::atomic::AtomicU64,
+    /// Connections open on the cluster's other nodes, as they reported.
+    connections_elsewhere: std::sync::atomic::AtomicU64,
 }
 
 /// What a vhost shares with the rest of its node.
@@ -213,6 +215,7 @@ impl VirtualHost {
             queue_locator: services.queue_locator,
             deferred_timers: Mutex::new(None),
             open_connections: Default::default(),
+            connections_elsewhere: Default::default(),
         });
         let standard = [
             ("", ExchangeKind::Direct),

@@ -7,6 +7,7 @@ use sluice_server::config::Config;
 use sluice_server::RunningServer;
 
 pub mod alarm;
+pub mod cluster;
 pub mod raw;
 
 pub struct TestServer {

@@ -26,20 +26,19 @@ pub fn free_port() -> u16 {
 /// cluster node opens its port only once a majority formed, which takes
 /// longer when the tests' other clusters load the machine too).
 pub async fn connect(port: u16) -> Connection {
+    connect_uri(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f")).await
+}
+
+/// As [`connect`], to `uri`.
+pub async fn connect_uri(uri: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match Connection::connect(
-            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-            ConnectionProperties::default(),
-        )
-        .await
-        {
+        match Connection::connect(uri, ConnectionProperties::default()).await {
             Ok(connection) => return connection,
-            Err(error) if Instant::now() < deadline => {
-                let _ = error;
+            Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(error) => panic!("cannot connect: {error}"),
+            Err(error) => panic!("cannot connect to {uri}: {error}"),
         }
     }
 }
