@@ -322,6 +322,11 @@ impl AlarmMonitor {
         *self.limits.borrow()
     }
 
+    /// The thresholds, as they change.
+    pub fn watch_limits(&self) -> watch::Receiver<AlarmLimits> {
+        self.limits.subscribe()
+    }
+
     /// The alarms in effect.
     pub fn alarms(&self) -> Alarms {
         *self.alarms.borrow()

@@ -67,15 +67,35 @@ pub struct ConnectionStats {
     pub sent_bytes: Counter,
     /// Bounded by the connection's channel_max.
     channels: Mutex<BTreeMap<u16, Arc<MessageCounters>>>,
+    /// The node's churn, which this connection's channels add to.
+    pub churn: Arc<Churn>,
+}
+
+/// What opened and closed on this node since it started, RabbitMQ's churn
+/// counters (`rabbitmq_connections_opened_total` and the like).
+#[derive(Debug, Default)]
+pub struct Churn {
+    pub connections_opened: Counter,
+    pub connections_closed: Counter,
+    pub channels_opened: Counter,
+    pub channels_closed: Counter,
+    /// queue.declare calls, passive ones included.
+    pub queues_declared: Counter,
+    /// Of those, the ones that made a new queue.
+    pub queues_created: Counter,
+    pub queues_deleted: Counter,
 }
 
 impl ConnectionStats {
     pub fn channel_opened(&self, channel_id: u16, counters: Arc<MessageCounters>) {
         lock(&self.channels).insert(channel_id, counters);
+        self.churn.channels_opened.add(1);
     }
 
     pub fn channel_closed(&self, channel_id: u16) {
-        lock(&self.channels).remove(&channel_id);
+        if lock(&self.channels).remove(&channel_id).is_some() {
+            self.churn.channels_closed.add(1);
+        }
     }
 
     /// The counts of every open channel, by channel number.
@@ -128,6 +148,7 @@ pub struct ConnectionSnapshot {
 pub struct ConnectionRegistry {
     connections: Mutex<BTreeMap<ConnectionId, Arc<Entry>>>,
     alarms: watch::Receiver<Alarms>,
+    pub churn: Arc<Churn>,
 }
 
 struct Entry {
@@ -188,6 +209,7 @@ impl ConnectionRegistry {
         Arc::new(ConnectionRegistry {
             connections: Mutex::new(BTreeMap::new()),
             alarms,
+            churn: Arc::default(),
         })
     }
 
@@ -205,9 +227,13 @@ impl ConnectionRegistry {
             vhost: vhost.to_owned(),
             connected_at: SystemTime::now(),
             throttle: Mutex::new(Throttle::default()),
-            stats: Arc::new(ConnectionStats::default()),
+            stats: Arc::new(ConnectionStats {
+                churn: Arc::clone(&self.churn),
+                ..ConnectionStats::default()
+            }),
         });
         lock(&self.connections).insert(connection_id, Arc::clone(&entry));
+        self.churn.connections_opened.add(1);
         Registration {
             registry: Arc::clone(self),
             connection_id,
@@ -306,6 +332,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         lock(&self.registry.connections).remove(&self.connection_id);
+        self.registry.churn.connections_closed.add(1);
     }
 }
 

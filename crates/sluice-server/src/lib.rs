@@ -46,6 +46,7 @@ pub mod node_monitor;
 pub mod outbox;
 #[cfg(test)]
 mod panic_failpoint;
+pub mod prometheus;
 pub mod quorum_groups;
 pub mod quorum_hibernation;
 pub mod resource_limit;

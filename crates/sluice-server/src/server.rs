@@ -37,6 +37,8 @@ use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
 use crate::node_monitor;
+use crate::prometheus::metrics::MetricsSources;
+use crate::prometheus::{self, PrometheusListenError};
 use crate::quorum_groups::NodeQuorumGroups;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
@@ -87,6 +89,8 @@ pub enum ServerError {
     Seed(String),
     #[error("invalid TLS configuration")]
     Tls(#[source] TlsSetupError),
+    #[error(transparent)]
+    Prometheus(#[from] PrometheusListenError),
 }
 
 /// A server that is accepting connections.
@@ -94,6 +98,9 @@ pub struct RunningServer {
     pub local_address: SocketAddr,
     /// The amqps listener's address, when `listeners.ssl.default` is set.
     pub tls_address: Option<SocketAddr>,
+    /// Where Prometheus scrapes, unless the endpoint is off.
+    pub prometheus_address: Option<SocketAddr>,
+    prometheus_task: Option<tokio::task::JoinHandle<()>>,
     pub broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -153,6 +160,9 @@ impl RunningServer {
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        if let Some(prometheus) = self.prometheus_task {
+            let _ = prometheus.await;
+        }
         // After the connections: their exclusive queues' deletions may
         // still be on their way through the log.
         self.quorum_groups.stop_all().await;
@@ -237,7 +247,7 @@ pub async fn start_with_cluster_listener(
     // Only now, as RabbitMQ: a client that connects before the node has
     // joined its cluster and caught up is refused, and retries, rather
     // than left waiting on a socket nobody reads.
-    let (listener, local_address, tls_listener) = match bind_listeners(&config, tls) {
+    let bound = match bind_listeners(&config, tls) {
         Ok(bound) => bound,
         Err(error) => {
             quorum_groups.stop_all().await;
@@ -262,6 +272,38 @@ pub async fn start_with_cluster_listener(
     let connections = ConnectionRegistry::new(alarms.clone());
     let settings = Arc::new(ServerSettings::from_config(&config));
     let (shutdown, shutdown_receiver) = watch::channel(false);
+    let BoundListeners {
+        plain: listener,
+        address: local_address,
+        tls: tls_listener,
+        prometheus: prometheus_listener,
+    } = bound;
+    let prometheus = match prometheus_listener {
+        Some(listener) => {
+            let sources = Arc::new(MetricsSources {
+                broker: Arc::clone(&broker),
+                connections: Arc::clone(&connections),
+                alarm_limits: alarm_monitor.watch_limits(),
+                alarms: alarm_monitor.subscribe(),
+                data_dir: config.data_dir.clone(),
+                cluster_name: cluster_name(&config),
+                connection_max: settings.connection_max,
+            });
+            match prometheus::serve(
+                listener,
+                &config.prometheus,
+                sources,
+                shutdown_receiver.clone(),
+            ) {
+                Ok(serving) => Some(serving),
+                Err(error) => {
+                    tracing::warn!(%error, "the Prometheus endpoint is off");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let in_flight = InFlightBytes::new(config.delivery_buffer_total_max);
     let memory_watermark_bytes = alarm_monitor.limits().memory_watermark_bytes;
     let bodies_under_way =
@@ -293,6 +335,8 @@ pub async fn start_with_cluster_listener(
     Ok(RunningServer {
         local_address,
         tls_address,
+        prometheus_address: prometheus.as_ref().map(|(address, _)| *address),
+        prometheus_task: prometheus.map(|(_, task)| task),
         broker,
         shutdown,
         task,
@@ -533,16 +577,47 @@ type BoundTlsListener = (TcpListener, TlsListener, SocketAddr);
 fn bind_listeners(
     config: &Config,
     tls: Option<TlsListener>,
-) -> Result<(TcpListener, SocketAddr, Option<BoundTlsListener>), ServerError> {
-    let (listener, local_address) = bind_amqp(config, config.listen)?;
-    let tls_listener = match (tls, config.tls.listen) {
+) -> Result<BoundListeners, ServerError> {
+    let (plain, address) = bind_amqp(config, config.listen)?;
+    let tls = match (tls, config.tls.listen) {
         (Some(tls), Some(address)) => {
             let (listener, address) = bind_amqp(config, address)?;
             Some((listener, tls, address))
         }
         _ => None,
     };
-    Ok((listener, local_address, tls_listener))
+    let prometheus = prometheus::bind(&config.prometheus)?;
+    Ok(BoundListeners {
+        plain,
+        address,
+        tls,
+        prometheus,
+    })
+}
+
+/// `rabbitmq_cluster` in the metrics: the first member's name (RabbitMQ
+/// names a cluster after a node unless `cluster_name` says otherwise), or
+/// this node's.
+fn cluster_name(config: &Config) -> String {
+    config
+        .cluster
+        .classic_config_nodes
+        .values()
+        .next()
+        .or(config.cluster.node_name.as_ref())
+        .map_or_else(
+            || NodeIdentity::STANDALONE.to_owned(),
+            |name| name.to_string(),
+        )
+}
+
+/// What a node listens on, bound before it serves.
+struct BoundListeners {
+    plain: TcpListener,
+    address: SocketAddr,
+    tls: Option<BoundTlsListener>,
+    /// None when the default port was taken (see [`prometheus::bind`]).
+    prometheus: Option<std::net::TcpListener>,
 }
 
 /// The group commit, the watch bumped whenever confirms may have come due

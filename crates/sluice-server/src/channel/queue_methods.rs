@@ -78,6 +78,7 @@ impl Channel {
     ) -> AmqpResult<()> {
         #[cfg(test)]
         crate::panic_failpoint::check(declare.queue.as_str());
+        context.stats.churn.queues_declared.add(1);
         let declaration = QueueDeclaration {
             name: declare.queue.as_str(),
             passive: declare.passive,
@@ -121,6 +122,7 @@ impl Channel {
         };
         self.propose(context, command, move |channel, context, applied| {
             applied?;
+            context.stats.churn.queues_created.add(1);
             let queue = context.vhost.queue(&name, connection_id)?;
             // Its own journal failed on this node: the client hears why.
             if queue
@@ -303,6 +305,7 @@ impl Channel {
                 channel.deliveries.release_cancels();
                 return Err(error);
             }
+            context.stats.churn.queues_deleted.add(1);
             // Its consumers were cancelled as the deletion was applied.
             channel.prune_cancelled_consumers();
             reply(channel, context, message_count);

@@ -68,7 +68,7 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "prometheus.",
-        "the Prometheus endpoint is not part of Sluice yet",
+        "Sluice's Prometheus endpoint takes prometheus.tcp.port, .tcp.ip, .path and .return_per_object_metrics only",
     ),
     (
         "collect_statistics",

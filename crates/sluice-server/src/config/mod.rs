@@ -18,6 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use crate::cluster_config::ClusterConfig;
+use crate::prometheus::config::PrometheusConfig;
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::StoreConfig;
 use crate::tcp_listen_options::TcpListenOptions;
@@ -147,6 +148,9 @@ pub struct Config {
     /// This node's name and its cluster (`node_name`,
     /// `cluster_formation.*`, `cluster_link.*`). Default: a cluster of one.
     pub cluster: ClusterConfig,
+    /// The Prometheus endpoint (`prometheus.*`). Default: port 15692 on
+    /// every address.
+    pub prometheus: PrometheusConfig,
 }
 
 /// Default `delivery_buffer_total_max`: 64 connections' worth of full
@@ -216,6 +220,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             load_definitions: None,
             cluster: ClusterConfig::default(),
+            prometheus: PrometheusConfig::default(),
         }
     }
 }

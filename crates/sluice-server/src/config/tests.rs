@@ -692,6 +692,7 @@ fn readme_configuration_block_is_what_the_server_accepts() {
         .chain(crate::tcp_listen_options::TCP_LISTEN_KEYS)
         .chain(crate::cluster_config::CLUSTER_KEYS)
         .chain(crate::tls::config::TLS_KEYS)
+        .chain(crate::prometheus::config::PROMETHEUS_KEYS)
     {
         assert!(block.contains(key), "the README's block lacks {key}");
     }

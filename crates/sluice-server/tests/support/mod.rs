@@ -41,6 +41,29 @@ mod tempdir {
     }
 }
 
+/// Starts a server as [`TestServer::start_with`] would, expecting it to
+/// refuse: the error and its causes, as one line.
+pub async fn start_error(adjust: impl FnOnce(&mut Config)) -> String {
+    let data_dir = tempdir::TempDir::new();
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.0.clone(),
+        ..Config::default()
+    };
+    adjust(&mut config);
+    let error = match sluice_server::start(config).await {
+        Ok(_) => panic!("the server must not start"),
+        Err(error) => error,
+    };
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 impl TestServer {
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
