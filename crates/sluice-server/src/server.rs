@@ -288,6 +288,7 @@ pub async fn start_with_cluster_listener(
                 data_dir: config.data_dir.clone(),
                 cluster_name: cluster_name(&config),
                 connection_max: settings.connection_max,
+                quorum_groups: Arc::clone(&quorum_groups.running),
             });
             match prometheus::serve(
                 listener,

@@ -200,3 +200,43 @@ async fn prometheus_unknown_paths_are_404_and_a_configured_port_in_use_stops_the
         "{refused}"
     );
 }
+
+/// A quorum queue's member: its Raft term and log positions, as the
+/// quorum-queue dashboard reads them.
+#[tokio::test]
+async fn prometheus_raft_metrics_follow_a_quorum_queues_log() {
+    let server = start().await;
+    let (_connection, channel) = open(&server).await;
+    declare_with(
+        &channel,
+        "replicated",
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        table(&[("x-queue-type", text("quorum"))]),
+    )
+    .await
+    .unwrap();
+    for body in [b"one", b"two"] {
+        publish(&channel, "", "replicated", body).await;
+    }
+    eventually("the messages are in", || {
+        server.queue("replicated").message_count() == 2
+    })
+    .await;
+    let scrape = scrape(&server, "/metrics/per-object").await;
+    let queue = [("vhost", "/"), ("queue", "replicated")];
+    let term = value(&scrape, "rabbitmq_raft_term_total", &queue).expect("a term");
+    assert!(term >= 1.0, "{term}");
+    let written = value(&scrape, "rabbitmq_raft_log_last_written_index", &queue).unwrap();
+    let committed = value(&scrape, "rabbitmq_raft_log_commit_index", &queue).unwrap();
+    let applied = value(&scrape, "rabbitmq_raft_log_last_applied_index", &queue).unwrap();
+    // Two enqueues at least, each committed and applied before it counts.
+    assert!(
+        written >= 2.0 && committed >= 2.0 && applied >= 2.0,
+        "{written} {committed} {applied}"
+    );
+    assert!(committed <= written);
+    assert!(value(&scrape, "rabbitmq_raft_log_snapshot_index", &queue).is_some());
+}

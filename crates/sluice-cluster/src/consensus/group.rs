@@ -222,6 +222,16 @@ impl ConsensusNode {
 }
 
 /// A group this node is a member of.
+/// A member's term and log positions (RabbitMQ's `rabbitmq_raft_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupStatus {
+    pub term: u64,
+    pub last_written_index: u64,
+    pub commit_index: u64,
+    pub last_applied_index: u64,
+    pub snapshot_index: u64,
+}
+
 pub struct RaftGroup {
     group: u64,
     local_id: u64,
@@ -264,6 +274,22 @@ impl RaftGroup {
     /// The entry cannot be read or decoded.
     pub fn read_command(&self, index: u64) -> std::io::Result<Option<Bytes>> {
         self.log.read_command(index)
+    }
+
+    /// This member's term and log positions, for metrics.
+    pub fn status(&self) -> GroupStatus {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let index = |log_id: &Option<crate::consensus::types::LogId>| {
+            log_id.as_ref().map_or(0, |log_id| log_id.index)
+        };
+        GroupStatus {
+            term: metrics.current_term,
+            last_written_index: metrics.last_log_index.unwrap_or(0),
+            commit_index: index(&metrics.local_committed),
+            last_applied_index: index(&metrics.last_applied),
+            snapshot_index: index(&metrics.snapshot),
+        }
     }
 
     /// The index of the last entry applied on this node.

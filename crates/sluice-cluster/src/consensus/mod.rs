@@ -22,7 +22,7 @@ mod types;
 mod wal;
 mod wire;
 
-pub use group::{ConsensusNode, GroupSettings, RaftGroup};
+pub use group::{ConsensusNode, GroupSettings, GroupStatus, RaftGroup};
 pub use wal::Wal;
 
 use std::time::Duration;

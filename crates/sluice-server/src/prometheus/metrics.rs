@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use sluice_cluster::consensus::RaftGroup;
 use sluice_core::broker::Broker;
 use sluice_core::counters::MessageCounts;
 use tokio::sync::watch;
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use crate::alarm::{free_disk_bytes, resident_bytes, AlarmLimits, Alarms};
 use crate::connection_registry::ConnectionRegistry;
 use crate::handshake::RABBITMQ_VERSION_FOLLOWED;
+use crate::quorum_hibernation::RunningGroups;
 
 /// Which form of the per-object families a scrape gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,9 @@ pub struct MetricsSources {
     pub cluster_name: String,
     /// `connection_max`, RabbitMQ's TCP socket limit.
     pub connection_max: usize,
+    /// The quorum queues' groups running on this node, by group id (the
+    /// metadata log index that declared the queue).
+    pub quorum_groups: RunningGroups,
 }
 
 type Labels = Vec<(String, String)>;
@@ -104,6 +109,7 @@ impl MetricsSources {
         let mut families = Vec::new();
         self.identity(&mut families);
         self.core(scope, &mut families);
+        self.raft(scope, &mut families);
         self.global_counters(&mut families);
         self.node_resources(&mut families);
         let mut registry = Registry::default();
@@ -382,6 +388,83 @@ impl MetricsSources {
             consumer_count as f64,
         ));
         families.push(global_consumers);
+    }
+
+    /// Each quorum queue member's Raft term and log positions, as the
+    /// quorum-queue dashboard reads them (summed in the aggregated form, as
+    /// RabbitMQ sums them).
+    fn raft(&self, scope: Scope, families: &mut Vec<Family>) {
+        let running: Vec<(u64, Arc<RaftGroup>)> = self
+            .quorum_groups
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(id, (group, _))| (*id, Arc::clone(group)))
+            .collect();
+        let mut raft_families = [
+            Family::new(
+                "rabbitmq_raft_term",
+                "Current Raft term number",
+                MetricType::Counter,
+            ),
+            Family::new(
+                "rabbitmq_raft_log_snapshot_index",
+                "Raft log snapshot index",
+                MetricType::Gauge,
+            ),
+            Family::new(
+                "rabbitmq_raft_log_last_applied_index",
+                "Raft log last applied index",
+                MetricType::Gauge,
+            ),
+            Family::new(
+                "rabbitmq_raft_log_commit_index",
+                "Raft log commit index",
+                MetricType::Gauge,
+            ),
+            Family::new(
+                "rabbitmq_raft_log_last_written_index",
+                "Raft log last written index",
+                MetricType::Gauge,
+            ),
+        ];
+        let mut totals = [0f64; 5];
+        for vhost in self.broker.vhosts() {
+            for queue in vhost.queues() {
+                let group_id = queue.options().declared_at;
+                let Some((_, group)) = running.iter().find(|(id, _)| *id == group_id) else {
+                    continue;
+                };
+                let status = group.status();
+                let values = [
+                    status.term,
+                    status.snapshot_index,
+                    status.last_applied_index,
+                    status.commit_index,
+                    status.last_written_index,
+                ]
+                .map(|value| value as f64);
+                if scope == Scope::PerObject {
+                    let labels = vec![
+                        ("vhost".to_owned(), vhost.name.to_string()),
+                        ("queue".to_owned(), queue.name().to_string()),
+                    ];
+                    for (family, value) in raft_families.iter_mut().zip(values) {
+                        family.samples.push((labels.clone(), value));
+                    }
+                } else {
+                    for (total, value) in totals.iter_mut().zip(values) {
+                        *total += value;
+                    }
+                }
+            }
+        }
+        if scope == Scope::Aggregated && !running.is_empty() {
+            for (family, total) in raft_families.iter_mut().zip(totals) {
+                family.samples.push((Labels::new(), total));
+            }
+        }
+        families.extend(raft_families);
     }
 
     /// RabbitMQ's global counters, for protocol `amqp091`: the sums of
