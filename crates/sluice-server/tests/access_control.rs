@@ -73,6 +73,11 @@ fn refused(queue_or_exchange: &str, name: &str, vhost: &str, user: &str) -> (u16
     )
 }
 
+/// bob's request was refused with RabbitMQ's 403 for `kind` `name` in `/`.
+fn assert_refused_to_bob<T: std::fmt::Debug>(result: lapin::Result<T>, kind: &str, name: &str) {
+    assert_eq!(amqp_error(result), refused(kind, name, "/", "bob"));
+}
+
 fn declare_options(passive: bool) -> QueueDeclareOptions {
     QueueDeclareOptions {
         passive,
@@ -253,9 +258,10 @@ async fn queue_operations_are_checked_where_rabbitmq_checks_them() {
     declare_queue(&bob(&server).await, "bob.q", FieldTable::default())
         .await
         .expect("configure ^bob\\.");
-    assert_eq!(
-        amqp_error(declare_queue(&bob(&server).await, "other", FieldTable::default()).await),
-        refused("queue", "other", "/", "bob")
+    assert_refused_to_bob(
+        declare_queue(&bob(&server).await, "other", FieldTable::default()).await,
+        "queue",
+        "other",
     );
     // A passive declare checks existence only.
     bob(&server)
@@ -263,52 +269,49 @@ async fn queue_operations_are_checked_where_rabbitmq_checks_them() {
         .queue_declare("zed".into(), declare_options(true), FieldTable::default())
         .await
         .expect("passive declares need no permission");
-    assert_eq!(
-        amqp_error(declare_queue(&bob(&server).await, "zed", FieldTable::default()).await),
-        refused("queue", "zed", "/", "bob")
+    assert_refused_to_bob(
+        declare_queue(&bob(&server).await, "zed", FieldTable::default()).await,
+        "queue",
+        "zed",
     );
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .queue_purge("zed".into(), QueuePurgeOptions::default())
-                .await
-        ),
-        refused("queue", "zed", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .queue_purge("zed".into(), QueuePurgeOptions::default())
+            .await,
+        "queue",
+        "zed",
     );
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .basic_get("zed".into(), BasicGetOptions::default())
-                .await
-        ),
-        refused("queue", "zed", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .basic_get("zed".into(), BasicGetOptions::default())
+            .await,
+        "queue",
+        "zed",
     );
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .basic_consume(
-                    "zed".into(),
-                    "".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default()
-                )
-                .await
-        ),
-        refused("queue", "zed", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .basic_consume(
+                "zed".into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await,
+        "queue",
+        "zed",
     );
     // Permission comes before existence: a missing queue is 403, not 404.
     for queue in ["zed", "nosuch"] {
-        assert_eq!(
-            amqp_error(
-                bob(&server)
-                    .await
-                    .queue_delete(queue.into(), QueueDeleteOptions::default())
-                    .await
-            ),
-            refused("queue", queue, "/", "bob")
+        assert_refused_to_bob(
+            bob(&server)
+                .await
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await,
+            "queue",
+            queue,
         );
     }
     // A server-named queue is checked under the name it would get.
@@ -322,40 +325,39 @@ async fn queue_operations_are_checked_where_rabbitmq_checks_them() {
     );
     // Dead-lettering to an exchange bob cannot write to.
     let dead_lettering = table(&[("x-dead-letter-exchange", text_value("orders"))]);
-    assert_eq!(
-        amqp_error(declare_queue(&bob(&server).await, "bob.dl", dead_lettering).await),
-        refused("exchange", "orders", "/", "bob")
+    assert_refused_to_bob(
+        declare_queue(&bob(&server).await, "bob.dl", dead_lettering).await,
+        "exchange",
+        "orders",
     );
     // queue.bind: write on the queue, read on the exchange.
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .queue_bind(
-                    "bob.q".into(),
-                    "orders".into(),
-                    "k".into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default()
-                )
-                .await
-        ),
-        refused("exchange", "orders", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .queue_bind(
+                "bob.q".into(),
+                "orders".into(),
+                "k".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await,
+        "exchange",
+        "orders",
     );
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .queue_bind(
-                    "zed".into(),
-                    "amq.direct".into(),
-                    "k".into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default()
-                )
-                .await
-        ),
-        refused("queue", "zed", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .queue_bind(
+                "zed".into(),
+                "amq.direct".into(),
+                "k".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await,
+        "queue",
+        "zed",
     );
 }
 
@@ -379,9 +381,10 @@ async fn exchange_operations_and_publishes_are_checked_where_rabbitmq_checks_the
     declare(bob(&server).await, "bob.x", FieldTable::default())
         .await
         .expect("configure ^bob\\.");
-    assert_eq!(
-        amqp_error(declare(bob(&server).await, "other.x", FieldTable::default()).await),
-        refused("exchange", "other.x", "/", "bob")
+    assert_refused_to_bob(
+        declare(bob(&server).await, "other.x", FieldTable::default()).await,
+        "exchange",
+        "other.x",
     );
     bob(&server)
         .await
@@ -396,34 +399,33 @@ async fn exchange_operations_and_publishes_are_checked_where_rabbitmq_checks_the
         )
         .await
         .expect("passive declares need no permission");
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .exchange_delete("orders".into(), ExchangeDeleteOptions::default())
-                .await
-        ),
-        refused("exchange", "orders", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .exchange_delete("orders".into(), ExchangeDeleteOptions::default())
+            .await,
+        "exchange",
+        "orders",
     );
     let alternate = table(&[("alternate-exchange", text_value("orders"))]);
-    assert_eq!(
-        amqp_error(declare(bob(&server).await, "bob.ae", alternate).await),
-        refused("exchange", "orders", "/", "bob")
+    assert_refused_to_bob(
+        declare(bob(&server).await, "bob.ae", alternate).await,
+        "exchange",
+        "orders",
     );
-    assert_eq!(
-        amqp_error(
-            bob(&server)
-                .await
-                .exchange_bind(
-                    "bob.x".into(),
-                    "orders".into(),
-                    "k".into(),
-                    ExchangeBindOptions::default(),
-                    FieldTable::default()
-                )
-                .await
-        ),
-        refused("exchange", "orders", "/", "bob")
+    assert_refused_to_bob(
+        bob(&server)
+            .await
+            .exchange_bind(
+                "bob.x".into(),
+                "orders".into(),
+                "k".into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await,
+        "exchange",
+        "orders",
     );
 
     // Publishing: write on the exchange, the default one as amq.default,
@@ -437,17 +439,16 @@ async fn exchange_operations_and_publishes_are_checked_where_rabbitmq_checks_the
     // bob's topic permissions on amq.topic come after the exchange's own,
     // which he lacks.
     for exchange in ["orders", "nosuchx", "amq.topic"] {
-        assert_eq!(
-            amqp_error(
-                publish_confirmed(
-                    &bob(&server).await,
-                    exchange,
-                    "k",
-                    BasicProperties::default()
-                )
-                .await
-            ),
-            refused("exchange", exchange, "/", "bob")
+        assert_refused_to_bob(
+            publish_confirmed(
+                &bob(&server).await,
+                exchange,
+                "k",
+                BasicProperties::default(),
+            )
+            .await,
+            "exchange",
+            exchange,
         );
     }
     // user_id must be the user's own.

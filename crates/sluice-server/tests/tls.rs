@@ -727,25 +727,11 @@ async fn tls_between_cluster_nodes_needs_all_three_files() {
         pki.ca().display(),
         pki.certificate("server").display()
     );
-    let config = Config::parse(
-        &text,
-        Config {
-            data_dir: pki.dir.join("data"),
-            ..Config::default()
-        },
-    )
-    .unwrap();
     std::env::set_var("SLUICE_COOKIE", support::cluster::COOKIE);
-    let error = match sluice_server::start(config).await {
-        Ok(_) => panic!("the node must not start"),
-        Err(error) => error,
-    };
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
+    let text = support::start_error(|config| {
+        *config = Config::parse(&text, config.clone()).unwrap();
+    })
+    .await;
     assert!(
         text.contains("cluster_link.ssl is true but cluster_link.ssl_options.keyfile is not"),
         "{text}"

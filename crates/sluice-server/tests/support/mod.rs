@@ -41,15 +41,20 @@ mod tempdir {
     }
 }
 
+/// A server on a free loopback port, its data in `data_dir`.
+fn test_config(data_dir: &tempdir::TempDir) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.0.clone(),
+        ..Config::default()
+    }
+}
+
 /// Starts a server as [`TestServer::start_with`] would, expecting it to
 /// refuse: the error and its causes, as one line.
 pub async fn start_error(adjust: impl FnOnce(&mut Config)) -> String {
     let data_dir = tempdir::TempDir::new();
-    let mut config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: data_dir.0.clone(),
-        ..Config::default()
-    };
+    let mut config = test_config(&data_dir);
     adjust(&mut config);
     let error = match sluice_server::start(config).await {
         Ok(_) => panic!("the server must not start"),
@@ -73,11 +78,7 @@ impl TestServer {
     /// the default configuration.
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Self {
         let data_dir = tempdir::TempDir::new();
-        let mut config = Config {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data_dir.0.clone(),
-            ..Config::default()
-        };
+        let mut config = test_config(&data_dir);
         adjust(&mut config);
         let config_data_dir = config.data_dir.clone();
         let server = sluice_server::start(config).await.expect("server starts");
