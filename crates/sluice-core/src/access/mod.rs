@@ -157,6 +157,35 @@ struct TopicPermissionEntry {
     compiled: Arc<TopicPermissions>,
 }
 
+/// The state locked for a change. The generation moves on when the change
+/// is done, before the lock is released: a channel that read the old
+/// generation may have cached what it saw before the change, and looks
+/// again; one that reads the new generation reads the changed state.
+struct AccessWrite<'a> {
+    state: RwLockWriteGuard<'a, AccessState>,
+    generation: &'a AtomicU64,
+}
+
+impl std::ops::Deref for AccessWrite<'_> {
+    type Target = AccessState;
+
+    fn deref(&self) -> &AccessState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for AccessWrite<'_> {
+    fn deref_mut(&mut self) -> &mut AccessState {
+        &mut self.state
+    }
+}
+
+impl Drop for AccessWrite<'_> {
+    fn drop(&mut self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
 #[derive(Default)]
 pub struct AccessControl {
     state: RwLock<AccessState>,
@@ -172,11 +201,14 @@ impl AccessControl {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, AccessState> {
-        self.generation.fetch_add(1, Ordering::Release);
-        self.state
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn write(&self) -> AccessWrite<'_> {
+        AccessWrite {
+            state: self
+                .state
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            generation: &self.generation,
+        }
     }
 
     pub fn generation(&self) -> u64 {
