@@ -1,7 +1,11 @@
 //! Permission checks where RabbitMQ's channel makes them, against the
 //! connection's user in its vhost.
 
-use sluice_core::access::{access_refused, topic_access_refused, Permission, ResourceKind};
+use std::sync::Arc;
+
+use sluice_core::access::{
+    access_refused, topic_access_refused, Permission, ResourceKind, TopicPermissions,
+};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::exchange::ExchangeKind;
 use sluice_wire::content::RawProperties;
@@ -38,13 +42,25 @@ impl ConnectionContext {
         routing_key: &str,
         write: bool,
     ) -> AmqpResult<()> {
-        let Some(permissions) =
-            self.broker
-                .access
-                .topic_permissions(&self.user, &self.vhost.name, exchange)
-        else {
-            return Ok(());
-        };
+        match self
+            .broker
+            .access
+            .topic_permissions(&self.user, &self.vhost.name, exchange)
+        {
+            Some(permissions) => self.check_routing_key(&permissions, exchange, routing_key, write),
+            None => Ok(()),
+        }
+    }
+
+    /// `routing_key` against `permissions`, the user's on `exchange`, when
+    /// that is a topic exchange.
+    fn check_routing_key(
+        &self,
+        permissions: &TopicPermissions,
+        exchange: &str,
+        routing_key: &str,
+        write: bool,
+    ) -> AmqpResult<()> {
         let is_topic = self
             .vhost
             .exchange(exchange)
@@ -91,9 +107,9 @@ impl ConnectionContext {
 pub struct PublishPermit {
     generation: u64,
     exchange: Option<Box<[u8]>>,
-    /// Whether the user has topic permissions on it, whose routing-key
-    /// check every publish then makes.
-    restricted_by_topic: bool,
+    /// The user's topic permissions on it, whose routing-key check every
+    /// publish then makes.
+    topic: Option<Arc<TopicPermissions>>,
 }
 
 impl PublishPermit {
@@ -107,11 +123,11 @@ impl PublishPermit {
         context.check_access(Permission::Write, ResourceKind::Exchange, &name)?;
         self.generation = generation;
         self.exchange = Some(exchange.into());
-        self.restricted_by_topic = context
-            .broker
-            .access
-            .topic_permissions(&context.user, &context.vhost.name, &name)
-            .is_some();
+        self.topic =
+            context
+                .broker
+                .access
+                .topic_permissions(&context.user, &context.vhost.name, &name);
         Ok(())
     }
 
@@ -123,10 +139,11 @@ impl PublishPermit {
         exchange: &[u8],
         routing_key: &[u8],
     ) -> AmqpResult<()> {
-        if !self.restricted_by_topic {
+        let Some(topic) = &self.topic else {
             return Ok(());
-        }
-        context.check_topic_access(
+        };
+        context.check_routing_key(
+            topic,
             &String::from_utf8_lossy(exchange),
             &String::from_utf8_lossy(routing_key),
             true,

@@ -30,7 +30,8 @@ pub use connection::{LinkDown, LINK_SEND_BUFFER_BYTES_MAX, LINK_SEND_QUEUE_FRAME
 pub use frame::{FRAME_PAYLOAD_BYTES_MAX, LINK_CHANNEL};
 pub use handshake::HandshakeError;
 pub use subscribers::{Received, CHANNEL_QUEUE_FRAMES};
-pub use tls::{LinkStream, LinkTls};
+pub use tls::LinkTls;
+use tls::Linked;
 
 use crate::cookie::Cookie;
 use crate::node_name::NodeName;
@@ -313,11 +314,11 @@ impl Links {
         let _ = stream.set_nodelay(true);
         let handshake = async {
             let mut stream = match &settings.tls {
-                Some(tls) => tls.accept(stream).await.map_err(HandshakeError::Tls)?,
-                None => tls::plain(stream),
+                Some(tls) => Linked::Tls(tls.accept(stream).await.map_err(HandshakeError::Tls)?),
+                None => Linked::Plain(stream),
             };
             let handshaken = handshake::accept(
-                &mut stream,
+                &mut stream.io(),
                 &settings.node,
                 &settings.members,
                 &settings.cookie,
@@ -370,7 +371,7 @@ impl Links {
         }
     }
 
-    async fn dial(&self, peer: &NodeName) -> Result<(LinkStream, handshake::Handshaken), String> {
+    async fn dial(&self, peer: &NodeName) -> Result<(Linked, handshake::Handshaken), String> {
         let connect = TcpStream::connect(peer.host_port());
         let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
             Ok(Ok(stream)) => stream,
@@ -386,14 +387,16 @@ impl Links {
                         .host_port()
                         .rsplit_once(':')
                         .map_or("", |(host, _)| host);
-                    tls.connect(host, stream)
-                        .await
-                        .map_err(HandshakeError::Tls)?
+                    Linked::Tls(
+                        tls.connect(host, stream)
+                            .await
+                            .map_err(HandshakeError::Tls)?,
+                    )
                 }
-                None => tls::plain(stream),
+                None => Linked::Plain(stream),
             };
             let handshaken =
-                handshake::dial(&mut stream, &settings.node, peer, &settings.cookie).await?;
+                handshake::dial(&mut stream.io(), &settings.node, peer, &settings.cookie).await?;
             Ok((stream, handshaken))
         };
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
@@ -413,7 +416,7 @@ impl Links {
     }
 
     /// Runs a link that passed its handshake until it goes down.
-    async fn run_link(&self, stream: LinkStream, handshaken: handshake::Handshaken) {
+    async fn run_link(&self, stream: Linked, handshaken: handshake::Handshaken) {
         let peer = handshaken.peer;
         let Some(slot) = self.peers.get(&peer) else {
             return;
@@ -428,7 +431,7 @@ impl Links {
         slot.state.send_replace(PeerState::Up);
         tracing::info!(%peer, "link up");
         let down = connection::run(
-            tokio::io::split(stream),
+            stream.into_halves(),
             handshaken.buffer,
             queue,
             (&peer, generation, &self.subscribers),

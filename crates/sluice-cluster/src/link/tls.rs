@@ -61,7 +61,39 @@ impl LinkTls {
     }
 }
 
-/// A plain link.
-pub fn plain(stream: TcpStream) -> LinkStream {
-    Box::pin(stream)
+/// A link's socket, plain or under TLS.
+pub enum Linked {
+    Plain(TcpStream),
+    Tls(LinkStream),
+}
+
+/// A link's two halves, for its reader and its writer.
+pub type LinkHalves = (
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+);
+
+impl Linked {
+    /// The stream the handshake runs over.
+    pub fn io(&mut self) -> &mut dyn LinkIo {
+        match self {
+            Self::Plain(stream) => stream,
+            Self::Tls(stream) => &mut **stream,
+        }
+    }
+
+    /// Plain TCP splits into owned halves, without the lock that the
+    /// halves of a shared stream (TLS's) take on every read and write.
+    pub fn into_halves(self) -> LinkHalves {
+        match self {
+            Self::Plain(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), Box::new(write))
+            }
+            Self::Tls(stream) => {
+                let (read, write) = tokio::io::split(stream);
+                (Box::new(read), Box::new(write))
+            }
+        }
+    }
 }

@@ -143,18 +143,18 @@ struct User {
 struct AccessState {
     seeded: bool,
     users: HashMap<String, User>,
-    /// By user, then vhost.
-    permissions: HashMap<String, HashMap<String, Arc<VhostPermissions>>>,
-    /// The definitions the compiled permissions came from, for snapshots.
-    permission_definitions: BTreeMap<(String, String), PermissionDefinition>,
+    /// By user, then vhost (looked up without building a key).
+    permissions: HashMap<String, HashMap<String, Compiled<PermissionDefinition, VhostPermissions>>>,
     vhost_limits: BTreeMap<String, VhostLimits>,
-    /// By (user, vhost, exchange), with the definitions for snapshots.
-    topic_permissions: BTreeMap<(String, String, String), TopicPermissionEntry>,
+    /// By (user, vhost, exchange).
+    topic_permissions:
+        BTreeMap<(String, String, String), Compiled<TopicPermissionDefinition, TopicPermissions>>,
 }
 
-struct TopicPermissionEntry {
-    definition: TopicPermissionDefinition,
-    compiled: Arc<TopicPermissions>,
+/// Permissions as defined, for snapshots, and compiled, for checks.
+struct Compiled<Definition, Expressions> {
+    definition: Definition,
+    compiled: Arc<Expressions>,
 }
 
 /// The state locked for a change. The generation moves on when the change
@@ -250,9 +250,6 @@ impl AccessControl {
         }
         state.permissions.remove(name);
         state
-            .permission_definitions
-            .retain(|(user, _), _| user != name);
-        state
             .topic_permissions
             .retain(|(user, _, _), _| user != name);
         Ok(())
@@ -271,7 +268,7 @@ impl AccessControl {
         );
         state.topic_permissions.insert(
             key,
-            TopicPermissionEntry {
+            Compiled {
                 definition,
                 compiled,
             },
@@ -313,14 +310,13 @@ impl AccessControl {
         if !state.users.contains_key(&definition.user) {
             return Err(no_such_user(&definition.user));
         }
-        state
-            .permissions
-            .entry(definition.user.clone())
-            .or_default()
-            .insert(definition.vhost.clone(), compiled);
-        state.permission_definitions.insert(
-            (definition.user.clone(), definition.vhost.clone()),
-            definition,
+        let (user, vhost) = (definition.user.clone(), definition.vhost.clone());
+        state.permissions.entry(user).or_default().insert(
+            vhost,
+            Compiled {
+                definition,
+                compiled,
+            },
         );
         Ok(())
     }
@@ -330,9 +326,6 @@ impl AccessControl {
         if let Some(by_vhost) = state.permissions.get_mut(user) {
             by_vhost.remove(vhost);
         }
-        state
-            .permission_definitions
-            .remove(&(user.to_owned(), vhost.to_owned()));
     }
 
     /// A vhost is gone: so are every user's permissions in it, and its limits.
@@ -341,9 +334,6 @@ impl AccessControl {
         for by_vhost in state.permissions.values_mut() {
             by_vhost.remove(vhost);
         }
-        state
-            .permission_definitions
-            .retain(|(_, of), _| of != vhost);
         state.topic_permissions.retain(|(_, of, _), _| of != vhost);
         state.vhost_limits.remove(vhost);
     }
@@ -368,7 +358,9 @@ impl AccessControl {
     /// `user`'s permissions in `vhost`; None when it has none there, which
     /// is no access to the vhost at all.
     pub fn permissions(&self, user: &str, vhost: &str) -> Option<Arc<VhostPermissions>> {
-        self.read().permissions.get(user)?.get(vhost).cloned()
+        let state = self.read();
+        let entry = state.permissions.get(user)?.get(vhost)?;
+        Some(Arc::clone(&entry.compiled))
     }
 
     pub fn has_tag(&self, user: &str, tag: &str) -> bool {
@@ -420,10 +412,18 @@ impl AccessControl {
             .map(|user| user.definition.clone())
             .collect();
         users.sort_by(|left, right| left.name.cmp(&right.name));
+        // Sorted, so that every node's snapshot of the same state is equal.
+        let mut permissions: Vec<PermissionDefinition> = state
+            .permissions
+            .values()
+            .flat_map(|by_vhost| by_vhost.values().map(|entry| entry.definition.clone()))
+            .collect();
+        permissions
+            .sort_by(|left, right| (&left.user, &left.vhost).cmp(&(&right.user, &right.vhost)));
         AccessDefinitions {
             seeded: state.seeded,
             users,
-            permissions: state.permission_definitions.values().cloned().collect(),
+            permissions,
             vhost_limits: state.vhost_limits.clone(),
             topic_permissions: state
                 .topic_permissions
