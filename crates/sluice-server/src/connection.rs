@@ -25,8 +25,9 @@ use crate::alarm::Alarms;
 use crate::bodies_under_way::BodiesUnderWay;
 use crate::channel::{requeue_in_slices, Channel, PendingChange};
 use crate::client_stream::{ClientStream, ClientWriteHalf};
+use crate::close_signal::CloseSignal;
 use crate::connection_context::ConnectionContext;
-use crate::connection_registry::{ConnectionRegistry, Registration};
+use crate::connection_registry::{ConnectionIdentity, ConnectionRegistry, Registration};
 use crate::delivery::Unacked;
 use crate::frame_reader::{FrameReader, ReadError};
 use crate::handshake::{handshake, refuse, Client, HandshakeError, Negotiated};
@@ -124,7 +125,7 @@ pub struct ResourceThrottle {
 /// Serves one accepted client, plain or TLS, until it closes.
 pub async fn serve(
     client: ClientStream,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, SocketAddr),
     broker: Arc<Broker>,
     settings: Arc<ServerSettings>,
     mut shutdown: watch::Receiver<bool>,
@@ -159,13 +160,23 @@ pub async fn serve(
     tracing::info!(%peer, connection_id, user = %negotiated.user, vhost = %negotiated.vhost.name, tls, "connection opened");
     let registration = registry.register(
         connection_id,
-        peer,
-        &negotiated.user,
-        &negotiated.vhost.name,
+        ConnectionIdentity {
+            peer_address: peer,
+            local_address: local,
+            user: negotiated.user.clone(),
+            vhost: negotiated.vhost.name.to_string(),
+            tls,
+            auth_mechanism: negotiated.auth_mechanism.clone(),
+            frame_max: negotiated.frame_max,
+            channel_max: negotiated.channel_max,
+            heartbeat_secs: negotiated.heartbeat_secs,
+            client_properties: negotiated.client_properties.clone(),
+        },
     );
     let heartbeat = (negotiated.heartbeat_secs > 0)
         .then(|| Duration::from_secs(negotiated.heartbeat_secs as u64));
     let stats = registration.stats();
+    let mut signal = CloseSignal::new(shutdown, registration.close_requests());
     reader.count_into(Arc::clone(&stats));
     let outbox = Outbox::new(in_flight, Arc::clone(&stats));
     let consumer_queues: Arc<Mutex<Vec<Arc<dyn Queue>>>> = Arc::new(Mutex::new(Vec::new()));
@@ -209,7 +220,7 @@ pub async fn serve(
             )
         }),
     };
-    let ran = AssertUnwindSafe(connection.run(&mut reader, &mut shutdown))
+    let ran = AssertUnwindSafe(connection.run(&mut reader, &mut signal))
         .catch_unwind()
         .await;
     if let Err(panic) = ran {
@@ -223,7 +234,7 @@ pub async fn serve(
             0,
         );
     }
-    let shutting_down = *shutdown.borrow();
+    let shutting_down = signal.shutting_down();
     // A panic while releasing loses only the channel it struck: the rest
     // are released on the next try (one try more per channel at most).
     let tries = connection.channels_to_release() + 1;
@@ -240,7 +251,7 @@ pub async fn serve(
     }
     outbox.close();
     let _ = tokio::time::timeout(Duration::from_millis(CLOSE_OK_TIMEOUT_MS), writer).await;
-    linger_until_client_closes(&mut reader, &mut shutdown).await;
+    linger_until_client_closes(&mut reader, &mut signal).await;
     tracing::info!(%peer, connection_id, "connection closed");
 }
 
@@ -328,11 +339,8 @@ async fn negotiate(
 /// still sends (late acks from consumer threads) until it closes the
 /// socket, so that closing with unread bytes does not reset the connection
 /// under the client. Not at all when the node is shutting down.
-async fn linger_until_client_closes(
-    reader: &mut FrameReader,
-    shutdown: &mut watch::Receiver<bool>,
-) {
-    let linger = Duration::from_millis(if *shutdown.borrow() {
+async fn linger_until_client_closes(reader: &mut FrameReader, signal: &mut CloseSignal) {
+    let linger = Duration::from_millis(if signal.shutting_down() {
         0
     } else {
         CLOSE_OK_TIMEOUT_MS
@@ -351,7 +359,7 @@ async fn linger_until_client_closes(
     };
     tokio::select! {
         _ = tokio::time::timeout(linger, discard_until_client_closes) => {}
-        _ = shutdown.changed() => {}
+        _ = signal.requested() => {}
     }
 }
 
@@ -438,7 +446,7 @@ async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
 }
 
 impl Connection {
-    async fn run(&mut self, reader: &mut FrameReader, shutdown: &mut watch::Receiver<bool>) {
+    async fn run(&mut self, reader: &mut FrameReader, signal: &mut CloseSignal) {
         loop {
             self.close_timed_out_channels();
             // Handle every frame already read, then flush their confirms;
@@ -468,13 +476,13 @@ impl Connection {
             // A close started by these frames: what its channels held goes
             // back now, not once the client's close-ok arrives.
             self.finish_releasing().await;
-            if !self.wait_while_congested(shutdown).await {
+            if !self.wait_while_congested(signal).await {
                 continue;
             }
-            if !self.wait_while_alarmed(shutdown).await {
+            if !self.wait_while_alarmed(signal).await {
                 continue;
             }
-            if !self.wait_for_room_for_bodies(shutdown).await {
+            if !self.wait_for_room_for_bodies(signal).await {
                 continue;
             }
             self.context.outbox.wait_below_reader_pause().await;
@@ -495,7 +503,7 @@ impl Connection {
             if credit_spent {
                 continue;
             }
-            if !self.wait_for_input(reader, shutdown).await {
+            if !self.wait_for_input(reader, signal).await {
                 return;
             }
         }
@@ -524,14 +532,10 @@ impl Connection {
     }
 
     /// Waits for more bytes from the client, a sync round that completes
-    /// confirms, or shutdown. False when the connection is over: the client
-    /// went silent past its heartbeats (or past our close), closed, or
-    /// failed.
-    async fn wait_for_input(
-        &mut self,
-        reader: &mut FrameReader,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> bool {
+    /// confirms, or a close request. False when the connection is over:
+    /// the client went silent past its heartbeats (or past our close),
+    /// closed, or failed.
+    async fn wait_for_input(&mut self, reader: &mut FrameReader, signal: &mut CloseSignal) -> bool {
         let timeout = if self.closing {
             Some(Duration::from_millis(CLOSE_OK_TIMEOUT_MS))
         } else {
@@ -558,12 +562,8 @@ impl Connection {
                 self.flush_waiting_confirms();
                 return true;
             }
-            _ = shutdown.changed(), if !self.closing => {
-                self.start_close(
-                    &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                    0,
-                    0,
-                );
+            error = signal.requested(), if !self.closing => {
+                self.start_close(&error, 0, 0);
                 return true;
             }
             () = consumer_timeout_check(self.consumer_timeout), if !self.closing => return true,
@@ -670,9 +670,9 @@ impl Connection {
 
     /// Pauses reading while a queue this connection published into is
     /// congested (its consumers are behind), so the publisher is held to
-    /// the rate the queue drains at. Returns false when shutdown started a
-    /// close during the wait.
-    async fn wait_while_congested(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+    /// the rate the queue drains at. Returns false when a close request
+    /// (shutdown, an operator) started a close during the wait.
+    async fn wait_while_congested(&mut self, signal: &mut CloseSignal) -> bool {
         // A body that holds room is read to its end first (one message more
         // for the congested queue): paused mid-body, it would keep its room
         // from everyone else's, among them perhaps the consumers whose acks
@@ -708,14 +708,10 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
-                _ = shutdown.changed() => {
+                error = signal.requested() => {
                     self.congested_queues.clear();
                     self.registration.flow_ended();
-                    self.start_close(
-                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                        0,
-                        0,
-                    );
+                    self.start_close(&error, 0, 0);
                     return false;
                 }
             }
@@ -726,26 +722,18 @@ impl Connection {
         true
     }
 
-    /// While a memory or disk alarm is set, a connection that publishes is
-    /// not read (RabbitMQ's "blocked"); one that only consumes carries on,
-    /// since its acks are what free memory. As in RabbitMQ, a connection is
-    /// blocked when it publishes while the alarm is in effect, not before
-    /// ("blocking" until then): one that published before the alarm but now
-    /// only acks keeps being read. Clients that advertised the capability
-    /// hear connection.blocked and connection.unblocked. Returns false when
-    /// shutdown started a close during the wait.
     /// A large body whose header found no room among the node's bodies
     /// under way (see `bodies_under_way`) is not read until it has room:
     /// the connection is not read meanwhile, as under an alarm, but its
-    /// confirms go on. Returns false when shutdown started a close during
-    /// the wait.
+    /// confirms go on. Returns false when a close request (shutdown, an
+    /// operator) started a close during the wait.
     ///
     /// Only a connection that holds no room waits, and for one body: its
     /// frames come in the order the client interleaves its channels, so one
     /// whose body holds room must read on or that body never finishes (and
     /// the room never comes back). Its other large bodies go without room;
     /// the memory alarm still bounds them.
-    async fn wait_for_room_for_bodies(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+    async fn wait_for_room_for_bodies(&mut self, signal: &mut CloseSignal) -> bool {
         if !std::mem::take(&mut self.body_room_wanted) || self.closing || self.holds_body_room() {
             return true;
         }
@@ -768,12 +756,8 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
-                _ = shutdown.changed() => {
-                    self.start_close(
-                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                        0,
-                        0,
-                    );
+                error = signal.requested() => {
+                    self.start_close(&error, 0, 0);
                     return false;
                 }
             }
@@ -790,7 +774,15 @@ impl Connection {
         self.channels.values().any(Channel::holds_body_room)
     }
 
-    async fn wait_while_alarmed(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+    /// While a memory or disk alarm is set, a connection that publishes is
+    /// not read (RabbitMQ's "blocked"); one that only consumes carries on,
+    /// since its acks are what free memory. As in RabbitMQ, a connection is
+    /// blocked when it publishes while the alarm is in effect, not before
+    /// ("blocking" until then): one that published before the alarm but now
+    /// only acks keeps being read. Clients that advertised the capability
+    /// hear connection.blocked and connection.unblocked. Returns false when
+    /// a close request started a close during the wait.
+    async fn wait_while_alarmed(&mut self, signal: &mut CloseSignal) -> bool {
         let published = std::mem::take(&mut self.published_since_alarm_check);
         let alarms = *self.alarms.borrow();
         if !alarms.any() || !published || self.closing {
@@ -818,13 +810,9 @@ impl Connection {
                 _ = self.durable_rounds.changed(), if self.has_waiting_confirms() => {
                     self.flush_waiting_confirms();
                 }
-                _ = shutdown.changed() => {
+                error = signal.requested() => {
                     self.registration.unblocked();
-                    self.start_close(
-                        &AmqpError::new(ReplyCode::ConnectionForced, "broker forced connection closure with reason 'shutdown'"),
-                        0,
-                        0,
-                    );
+                    self.start_close(&error, 0, 0);
                     return false;
                 }
             }

@@ -1,23 +1,31 @@
 //! Every open connection with its flow-control state, for the management API to list
-//! (RabbitMQ's `rabbitmqctl list_connections name user vhost state`).
+//! (RabbitMQ's `rabbitmqctl list_connections name user vhost state`) and to close.
 //!
 //! A connection registers once its handshake is done and is gone from the registry when
 //! its [`Registration`] is dropped. It reports only pauses and resumes (a flow pause, a
 //! block), never individual messages, so publishing costs nothing extra. Whether an
 //! alarm is in effect comes from the alarm monitor when a snapshot is taken.
+//!
+//! An operator closes a connection through the registry ([`ConnectionRegistry::force_close`]):
+//! the connection hears the reason on its [`Registration::close_requests`] and closes with
+//! 320 CONNECTION_FORCED and that reason as the text, as RabbitMQ's
+//! `rabbit_networking:close_connection` does.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use amq_protocol::types::FieldTable;
 use sluice_core::counters::{Counter, MessageCounters, MessageCounts};
 use sluice_core::queue::ConnectionId;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::alarm::Alarms;
+use crate::delivery::ChannelDeliveries;
 
 /// A connection is shown in `flow` for this long after its last flow pause ended, as in
 /// RabbitMQ (`rabbit_reader`, 5 seconds): a publisher held to a queue's drain rate is paused
@@ -66,7 +74,7 @@ pub struct ConnectionStats {
     pub received_bytes: Counter,
     pub sent_bytes: Counter,
     /// Bounded by the connection's channel_max.
-    channels: Mutex<BTreeMap<u16, Arc<MessageCounters>>>,
+    channels: Mutex<BTreeMap<u16, Arc<ChannelStatus>>>,
     /// The node's churn, which this connection's channels add to.
     pub churn: Arc<Churn>,
 }
@@ -86,9 +94,94 @@ pub struct Churn {
     pub queues_deleted: Counter,
 }
 
+/// What a channel shows the management API besides its counters: its
+/// modes, prefetch and consumers. The channel writes it when those change
+/// (basic.qos, confirm.select, tx.select, consume, cancel), never per
+/// message; what changes per message (the unacknowledged count) is read
+/// from its deliveries when asked.
+pub struct ChannelStatus {
+    pub counters: Arc<MessageCounters>,
+    deliveries: Arc<ChannelDeliveries>,
+    /// basic.qos global=false: the prefetch of consumers started next.
+    consumer_prefetch: AtomicU32,
+    confirm: AtomicBool,
+    transactional: AtomicBool,
+    /// By consumer tag; bounded as the channel's consumers are.
+    consumers: Mutex<BTreeMap<Arc<str>, ConsumerStatus>>,
+}
+
+/// A consumer as the management API lists it.
+#[derive(Clone, Debug)]
+pub struct ConsumerStatus {
+    pub queue: Arc<str>,
+    pub ack_required: bool,
+    pub exclusive: bool,
+    pub prefetch_count: u32,
+    pub arguments: FieldTable,
+}
+
+impl fmt::Debug for ChannelStatus {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("ChannelStatus")
+            .field("counters", &self.counters.counts())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChannelStatus {
+    pub fn new(deliveries: &Arc<ChannelDeliveries>) -> Arc<Self> {
+        Arc::new(ChannelStatus {
+            counters: Arc::clone(deliveries.counters()),
+            deliveries: Arc::clone(deliveries),
+            consumer_prefetch: AtomicU32::new(0),
+            confirm: AtomicBool::new(false),
+            transactional: AtomicBool::new(false),
+            consumers: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub fn set_consumer_prefetch(&self, prefetch_count: u32) {
+        self.consumer_prefetch
+            .store(prefetch_count, Ordering::Relaxed);
+    }
+
+    pub fn set_confirm(&self) {
+        self.confirm.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_transactional(&self) {
+        self.transactional.store(true, Ordering::Relaxed);
+    }
+
+    pub fn consumer_added(&self, tag: &Arc<str>, consumer: ConsumerStatus) {
+        lock(&self.consumers).insert(Arc::clone(tag), consumer);
+    }
+
+    pub fn consumer_removed(&self, tag: &str) {
+        lock(&self.consumers).remove(tag);
+    }
+
+    fn snapshot(&self, channel_id: u16) -> ChannelCounts {
+        ChannelCounts {
+            channel_id,
+            counts: self.counters.counts(),
+            prefetch_count: self.consumer_prefetch.load(Ordering::Relaxed),
+            global_prefetch_count: self.deliveries.channel_prefetch(),
+            confirm: self.confirm.load(Ordering::Relaxed),
+            transactional: self.transactional.load(Ordering::Relaxed),
+            messages_unacknowledged: self.deliveries.unacked_count(),
+            consumers: lock(&self.consumers)
+                .iter()
+                .map(|(tag, consumer)| (Arc::clone(tag), consumer.clone()))
+                .collect(),
+        }
+    }
+}
+
 impl ConnectionStats {
-    pub fn channel_opened(&self, channel_id: u16, counters: Arc<MessageCounters>) {
-        lock(&self.channels).insert(channel_id, counters);
+    pub fn channel_opened(&self, channel_id: u16, status: Arc<ChannelStatus>) {
+        lock(&self.channels).insert(channel_id, status);
         self.churn.channels_opened.add(1);
     }
 
@@ -98,32 +191,81 @@ impl ConnectionStats {
         }
     }
 
-    /// The counts of every open channel, by channel number.
+    /// Every open channel as it is now, by channel number.
     pub fn channel_counts(&self) -> Vec<ChannelCounts> {
-        lock(&self.channels)
+        let channels: Vec<(u16, Arc<ChannelStatus>)> = lock(&self.channels)
             .iter()
-            .map(|(channel_id, counters)| ChannelCounts {
-                channel_id: *channel_id,
-                counts: counters.counts(),
-            })
+            .map(|(channel_id, status)| (*channel_id, Arc::clone(status)))
+            .collect();
+        channels
+            .iter()
+            .map(|(channel_id, status)| status.snapshot(*channel_id))
             .collect()
     }
 }
 
-/// One channel's message counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One channel's message counts, modes and consumers at one moment.
+#[derive(Clone, Debug)]
 pub struct ChannelCounts {
     pub channel_id: u16,
     pub counts: MessageCounts,
+    /// basic.qos global=false.
+    pub prefetch_count: u32,
+    /// basic.qos global=true.
+    pub global_prefetch_count: u32,
+    pub confirm: bool,
+    pub transactional: bool,
+    pub messages_unacknowledged: usize,
+    pub consumers: Vec<(Arc<str>, ConsumerStatus)>,
+}
+
+/// What a connection is, fixed once its handshake is done.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionIdentity {
+    pub peer_address: SocketAddr,
+    /// The listener's address the client reached.
+    pub local_address: SocketAddr,
+    pub user: String,
+    pub vhost: String,
+    pub tls: bool,
+    /// PLAIN, AMQPLAIN or EXTERNAL.
+    pub auth_mechanism: String,
+    pub frame_max: u32,
+    pub channel_max: u16,
+    /// Zero when heartbeats are off.
+    pub heartbeat_secs: u16,
+    pub client_properties: FieldTable,
+}
+
+impl ConnectionIdentity {
+    /// The connection's name as RabbitMQ forms it, and as its management
+    /// API and tools address it: `"127.0.0.1:54321 -> 127.0.0.1:5672"`.
+    pub fn name(&self) -> String {
+        format!(
+            "{} -> {}",
+            address_text(self.peer_address),
+            address_text(self.local_address)
+        )
+    }
+}
+
+/// An address as RabbitMQ writes it in a connection's name
+/// (`rabbit_misc:ntoab`): IPv6 in brackets, an IPv4-mapped one as IPv4.
+fn address_text(address: SocketAddr) -> String {
+    match address {
+        SocketAddr::V4(v4) => v4.to_string(),
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => format!("{v4}:{}", v6.port()),
+            None => format!("[{}]:{}", v6.ip(), v6.port()),
+        },
+    }
 }
 
 /// One connection as it was when the snapshot was taken.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ConnectionSnapshot {
     pub connection_id: ConnectionId,
-    pub peer_address: SocketAddr,
-    pub user: String,
-    pub vhost: String,
+    pub identity: Arc<ConnectionIdentity>,
     pub connected_at: SystemTime,
     pub state: ConnectionState,
     /// Time spent paused by congested queues since the connection opened, the current
@@ -152,12 +294,12 @@ pub struct ConnectionRegistry {
 }
 
 struct Entry {
-    peer_address: SocketAddr,
-    user: String,
-    vhost: String,
+    identity: Arc<ConnectionIdentity>,
     connected_at: SystemTime,
     throttle: Mutex<Throttle>,
     stats: Arc<ConnectionStats>,
+    /// Why an operator wants the connection closed; None until then.
+    close_request: watch::Sender<Option<Arc<str>>>,
 }
 
 /// Pause and block times of one connection.
@@ -217,20 +359,17 @@ impl ConnectionRegistry {
     pub fn register(
         self: &Arc<Self>,
         connection_id: ConnectionId,
-        peer_address: SocketAddr,
-        user: &str,
-        vhost: &str,
+        identity: ConnectionIdentity,
     ) -> Registration {
         let entry = Arc::new(Entry {
-            peer_address,
-            user: user.to_owned(),
-            vhost: vhost.to_owned(),
+            identity: Arc::new(identity),
             connected_at: SystemTime::now(),
             throttle: Mutex::new(Throttle::default()),
             stats: Arc::new(ConnectionStats {
                 churn: Arc::clone(&self.churn),
                 ..ConnectionStats::default()
             }),
+            close_request: watch::Sender::new(None),
         });
         lock(&self.connections).insert(connection_id, Arc::clone(&entry));
         self.churn.connections_opened.add(1);
@@ -255,9 +394,7 @@ impl ConnectionRegistry {
                 let throttle = lock(&entry.throttle);
                 ConnectionSnapshot {
                     connection_id,
-                    peer_address: entry.peer_address,
-                    user: entry.user.clone(),
-                    vhost: entry.vhost.clone(),
+                    identity: Arc::clone(&entry.identity),
                     connected_at: entry.connected_at,
                     state: throttle.state(alarms, now),
                     time_in_flow_ms: throttle.time_in_flow(now).as_millis() as u64,
@@ -269,6 +406,38 @@ impl ConnectionRegistry {
                 }
             })
             .collect()
+    }
+
+    /// Asks the connection to close with CONNECTION_FORCED and `reason` as
+    /// the reply text. False when no such connection is open.
+    pub fn force_close(&self, connection_id: ConnectionId, reason: &str) -> bool {
+        let entry = lock(&self.connections).get(&connection_id).cloned();
+        match entry {
+            Some(entry) => {
+                entry.close_request.send_replace(Some(Arc::from(reason)));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes, as [`Self::force_close`], every connection whose identity
+    /// `chosen` picks (a deleted user's, a deleted vhost's); how many.
+    pub fn force_close_where(
+        &self,
+        chosen: impl Fn(&ConnectionIdentity) -> bool,
+        reason: &str,
+    ) -> usize {
+        let reason: Arc<str> = Arc::from(reason);
+        let entries: Vec<Arc<Entry>> = lock(&self.connections)
+            .values()
+            .filter(|entry| chosen(&entry.identity))
+            .cloned()
+            .collect();
+        for entry in &entries {
+            entry.close_request.send_replace(Some(Arc::clone(&reason)));
+        }
+        entries.len()
     }
 
     /// How many connections are open.
@@ -289,6 +458,11 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Where the connection hears that an operator closed it, and why.
+    pub fn close_requests(&self) -> watch::Receiver<Option<Arc<str>>> {
+        self.entry.close_request.subscribe()
+    }
+
     /// Where the connection counts its bytes and registers its channels.
     pub fn stats(&self) -> Arc<ConnectionStats> {
         Arc::clone(&self.entry.stats)
@@ -360,20 +534,39 @@ mod tests {
 
     const PEER: &str = "127.0.0.1:50000";
 
+    fn identity(peer: &str, user: &str, vhost: &str) -> ConnectionIdentity {
+        ConnectionIdentity {
+            peer_address: peer.parse().unwrap(),
+            local_address: "127.0.0.1:5672".parse().unwrap(),
+            user: user.to_owned(),
+            vhost: vhost.to_owned(),
+            tls: false,
+            auth_mechanism: "PLAIN".to_owned(),
+            frame_max: 131_072,
+            channel_max: 2047,
+            heartbeat_secs: 60,
+            client_properties: FieldTable::default(),
+        }
+    }
+
     #[test]
     fn connection_registry_lists_until_dropped() {
         let (_alarms, registry) = registry();
-        let first = registry.register(7, PEER.parse().unwrap(), "guest", "/");
-        let second = registry.register(9, "10.0.0.1:1".parse().unwrap(), "ops", "prod");
+        let first = registry.register(7, identity(PEER, "guest", "/"));
+        let second = registry.register(9, identity("10.0.0.1:1", "ops", "prod"));
         let snapshots = registry.snapshots();
         assert_eq!(
             snapshots
                 .iter()
-                .map(|snapshot| (snapshot.connection_id, snapshot.user.as_str()))
+                .map(|snapshot| (snapshot.connection_id, snapshot.identity.user.as_str()))
                 .collect::<Vec<_>>(),
             [(7, "guest"), (9, "ops")]
         );
-        assert_eq!(snapshots[1].vhost, "prod");
+        assert_eq!(snapshots[1].identity.vhost, "prod");
+        assert_eq!(
+            snapshots[0].identity.name(),
+            "127.0.0.1:50000 -> 127.0.0.1:5672"
+        );
         assert_eq!(snapshots[0].state, ConnectionState::Running);
         assert_eq!(snapshots[0].blocked_since, None);
         drop(first);
@@ -382,10 +575,40 @@ mod tests {
         assert!(registry.is_empty());
     }
 
+    #[test]
+    fn connection_registry_closes_on_request() {
+        let (_alarms, registry) = registry();
+        let alice = registry.register(1, identity(PEER, "alice", "/"));
+        let bob = registry.register(2, identity("127.0.0.1:50001", "bob", "prod"));
+        let (mut alice_hears, mut bob_hears) = (alice.close_requests(), bob.close_requests());
+        assert!(!alice_hears.has_changed().unwrap());
+        assert!(registry.force_close(1, "bye"));
+        assert!(!registry.force_close(3, "no such connection"));
+        assert!(alice_hears.has_changed().unwrap());
+        assert_eq!(alice_hears.borrow_and_update().as_deref(), Some("bye"));
+        let closed = registry.force_close_where(
+            |identity| identity.vhost == "prod",
+            "vhost 'prod' is deleted",
+        );
+        assert_eq!(closed, 1);
+        assert_eq!(
+            bob_hears.borrow_and_update().as_deref(),
+            Some("vhost 'prod' is deleted")
+        );
+        assert!(!alice_hears.has_changed().unwrap(), "not chosen");
+    }
+
+    #[test]
+    fn connection_names_write_ipv6_as_rabbitmq_does() {
+        let mut named = identity("[::1]:50000", "guest", "/");
+        named.local_address = "[::ffff:10.0.0.2]:5672".parse().unwrap();
+        assert_eq!(named.name(), "[::1]:50000 -> 10.0.0.2:5672");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn connection_registry_flow_time_and_linger() {
         let (_alarms, registry) = registry();
-        let registration = registry.register(1, PEER.parse().unwrap(), "guest", "/");
+        let registration = registry.register(1, identity(PEER, "guest", "/"));
         registration.flow_started();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let snapshot = only(&registry);
@@ -406,7 +629,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn connection_registry_blocking_then_blocked() {
         let (alarms, registry) = registry();
-        let registration = registry.register(1, PEER.parse().unwrap(), "guest", "/");
+        let registration = registry.register(1, identity(PEER, "guest", "/"));
         registration.flow_started();
         alarms.send_replace(Alarms {
             memory: true,

@@ -124,6 +124,16 @@ impl ChannelDeliveries {
         self.lock().channel_prefetch = prefetch_count;
     }
 
+    /// basic.qos global=true's prefetch, for the management API.
+    pub fn channel_prefetch(&self) -> u32 {
+        self.lock().channel_prefetch
+    }
+
+    /// Deliveries not yet settled, for the management API.
+    pub fn unacked_count(&self) -> usize {
+        self.lock().unacked.len()
+    }
+
     /// The channel deletes a queue: basic.cancel for its consumers waits for
     /// [`Self::release_cancels`], after delete-ok.
     pub fn hold_cancels(&self) {

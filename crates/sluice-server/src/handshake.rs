@@ -51,6 +51,8 @@ pub struct Negotiated {
     pub user: String,
     pub client_capabilities: ClientCapabilities,
     pub client_properties: FieldTable,
+    /// The SASL mechanism the client logged in with.
+    pub auth_mechanism: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -321,6 +323,7 @@ pub async fn handshake(
         vhost_slot,
         user,
         client_capabilities,
+        auth_mechanism: start_ok.mechanism.to_string(),
         client_properties: start_ok.client_properties,
     })
 }

@@ -31,14 +31,16 @@ use crate::connection;
 use crate::connection_registry::{ConnectionRegistry, ConnectionSnapshot};
 use crate::data_dir_lock::{DataDirLock, DataDirLockError};
 use crate::forwarding::NodeForwarding;
+use crate::http_listener::HttpListenError;
 use crate::in_flight::InFlightBytes;
 use crate::limits::{BODIES_UNDER_WAY_WATERMARK_DIVISOR, TX_UNCOMMITTED_WATERMARK_DIVISOR};
+use crate::management::{self, ListenerInfo, ManagementState};
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
 };
 use crate::node_monitor;
+use crate::prometheus;
 use crate::prometheus::metrics::MetricsSources;
-use crate::prometheus::{self, PrometheusListenError};
 use crate::quorum_groups::NodeQuorumGroups;
 use crate::resource_limit::LimitError;
 use crate::settings::ServerSettings;
@@ -90,7 +92,7 @@ pub enum ServerError {
     #[error("invalid TLS configuration")]
     Tls(#[source] TlsSetupError),
     #[error(transparent)]
-    Prometheus(#[from] PrometheusListenError),
+    HttpListen(#[from] HttpListenError),
 }
 
 /// A server that is accepting connections.
@@ -101,6 +103,9 @@ pub struct RunningServer {
     /// Where Prometheus scrapes, unless the endpoint is off.
     pub prometheus_address: Option<SocketAddr>,
     prometheus_task: Option<tokio::task::JoinHandle<()>>,
+    /// Where the management API listens, unless it is off.
+    pub management_address: Option<SocketAddr>,
+    management_task: Option<tokio::task::JoinHandle<()>>,
     pub broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -162,6 +167,9 @@ impl RunningServer {
         let _ = self.task.await;
         if let Some(prometheus) = self.prometheus_task {
             let _ = prometheus.await;
+        }
+        if let Some(management) = self.management_task {
+            let _ = management.await;
         }
         // After the connections: their exclusive queues' deletions may
         // still be on their way through the log.
@@ -277,6 +285,7 @@ pub async fn start_with_cluster_listener(
         address: local_address,
         tls: tls_listener,
         prometheus: prometheus_listener,
+        management: management_listener,
     } = bound;
     let prometheus = match prometheus_listener {
         Some(listener) => {
@@ -299,6 +308,47 @@ pub async fn start_with_cluster_listener(
                 Ok(serving) => Some(serving),
                 Err(error) => {
                     tracing::warn!(%error, "the Prometheus endpoint is off");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    crate::deleted_owners::start(
+        Arc::clone(&broker),
+        Arc::clone(&connections),
+        shutdown_receiver.clone(),
+    );
+    let management = match management_listener {
+        Some(listener) => {
+            let mut listeners = vec![ListenerInfo {
+                protocol: "amqp",
+                address: local_address,
+            }];
+            if let Some((_, _, address)) = &tls_listener {
+                listeners.push(ListenerInfo {
+                    protocol: "amqp/ssl",
+                    address: *address,
+                });
+            }
+            let state = Arc::new(ManagementState {
+                broker: Arc::clone(&broker),
+                connections: Arc::clone(&connections),
+                alarms: alarm_monitor.subscribe(),
+                cluster_alarms: alarms.clone(),
+                alarm_limits: alarm_monitor.watch_limits(),
+                data_dir: config.data_dir.clone(),
+                cluster_name: cluster_name(&config),
+                listeners,
+                started_at: std::time::SystemTime::now(),
+                connection_max: settings.connection_max,
+                quorum_groups: Arc::clone(&quorum_groups.running),
+                rates: Default::default(),
+            });
+            match management::serve(listener, state, shutdown_receiver.clone()) {
+                Ok(serving) => Some(serving),
+                Err(error) => {
+                    tracing::warn!(%error, "the management API is off");
                     None
                 }
             }
@@ -338,6 +388,8 @@ pub async fn start_with_cluster_listener(
         tls_address,
         prometheus_address: prometheus.as_ref().map(|(address, _)| *address),
         prometheus_task: prometheus.map(|(_, task)| task),
+        management_address: management.as_ref().map(|(address, _)| *address),
+        management_task: management.map(|(_, task)| task),
         broker,
         shutdown,
         task,
@@ -588,11 +640,13 @@ fn bind_listeners(
         _ => None,
     };
     let prometheus = prometheus::bind(&config.prometheus)?;
+    let management = management::bind(&config.management)?;
     Ok(BoundListeners {
         plain,
         address,
         tls,
         prometheus,
+        management,
     })
 }
 
@@ -619,6 +673,8 @@ struct BoundListeners {
     tls: Option<BoundTlsListener>,
     /// None when the default port was taken (see [`prometheus::bind`]).
     prometheus: Option<std::net::TcpListener>,
+    /// None when the default port was taken (see [`management::bind`]).
+    management: Option<std::net::TcpListener>,
 }
 
 /// The group commit, the watch bumped whenever confirms may have come due
@@ -753,6 +809,10 @@ impl ConnectionShared {
     /// so that a slow TLS client holds up no one else.
     async fn serve(self, stream: TcpStream, peer: SocketAddr, tls: Option<TlsListener>) {
         let mut shutdown = self.shutdown;
+        // The listener's address, for the connection's name.
+        let Ok(local) = stream.local_addr() else {
+            return;
+        };
         let client = match tls {
             None => ClientStream::plain(stream),
             Some(tls) => match tls.accept(stream, peer, &mut shutdown).await {
@@ -762,7 +822,7 @@ impl ConnectionShared {
         };
         connection::serve(
             client,
-            peer,
+            (peer, local),
             self.broker,
             self.settings,
             shutdown,

@@ -65,9 +65,9 @@ async fn connection_state_lists_open_connections_until_they_close() {
     let snapshots = server.running().connections();
     assert_eq!(snapshots.len(), 2);
     for snapshot in &snapshots {
-        assert_eq!(snapshot.user, "guest");
-        assert_eq!(snapshot.vhost, "/");
-        assert!(snapshot.peer_address.ip().is_loopback());
+        assert_eq!(snapshot.identity.user, "guest");
+        assert_eq!(snapshot.identity.vhost, "/");
+        assert!(snapshot.identity.peer_address.ip().is_loopback());
         assert_eq!(snapshot.state, ConnectionState::Running);
         assert_eq!(snapshot.time_in_flow_ms, 0);
         assert_eq!(snapshot.time_blocked_ms, 0);

@@ -13,9 +13,9 @@ use tokio::net::TcpStream;
 
 async fn start() -> TestServer {
     TestServer::start_with(|config| {
-        config.prometheus.ip = "127.0.0.1".parse().unwrap();
-        config.prometheus.port = 0;
-        config.prometheus.configured = true;
+        config.prometheus.listener.ip = "127.0.0.1".parse().unwrap();
+        config.prometheus.listener.port = 0;
+        config.prometheus.listener.configured = true;
     })
     .await
 }
@@ -190,9 +190,9 @@ async fn prometheus_unknown_paths_are_404_and_a_configured_port_in_use_stops_the
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let refused = support::start_error(|config| {
-        config.prometheus.ip = "127.0.0.1".parse().unwrap();
-        config.prometheus.port = port;
-        config.prometheus.configured = true;
+        config.prometheus.listener.ip = "127.0.0.1".parse().unwrap();
+        config.prometheus.listener.port = port;
+        config.prometheus.listener.configured = true;
     })
     .await;
     assert!(

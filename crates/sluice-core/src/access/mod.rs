@@ -363,6 +363,14 @@ impl AccessControl {
         Some(Arc::clone(&entry.compiled))
     }
 
+    /// The user as defined (hash and tags); None for no such user.
+    pub fn user(&self, name: &str) -> Option<UserDefinition> {
+        self.read()
+            .users
+            .get(name)
+            .map(|user| user.definition.clone())
+    }
+
     pub fn has_tag(&self, user: &str, tag: &str) -> bool {
         self.read()
             .users

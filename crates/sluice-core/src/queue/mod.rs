@@ -204,6 +204,12 @@ pub trait Queue: Send + Sync {
         None
     }
 
+    /// A replicated queue's leader, as this node knows it; None for a
+    /// queue that has no leader (a classic queue lives on its home node).
+    fn leader(&self) -> Option<String> {
+        None
+    }
+
     /// Why this node cannot serve the queue's messages, when it cannot
     /// (see [`crate::remote_queue`]).
     fn unavailable(&self) -> Option<AmqpError> {

@@ -1115,6 +1115,10 @@ impl Queue for QuorumQueue {
         Some((self.arc() as Arc<dyn ForwardHome>, self.key.clone()))
     }
 
+    fn leader(&self) -> Option<String> {
+        QuorumQueue::leader(self)
+    }
+
     fn publish(&self, message: Arc<Message>) -> PublishOutcome {
         self.publish_message(&message)
     }

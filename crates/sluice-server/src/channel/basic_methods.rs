@@ -16,6 +16,7 @@ use sluice_wire::encode::encode_control;
 
 use super::{Channel, ChannelConsumer, ReplyConsumer};
 use crate::connection_context::ConnectionContext;
+use crate::connection_registry::ConsumerStatus;
 
 impl Channel {
     pub(super) fn handle_basic_method(
@@ -30,6 +31,7 @@ impl Channel {
                         .set_channel_prefetch(qos.prefetch_count as u32);
                 } else {
                     self.consumer_prefetch = qos.prefetch_count as u32;
+                    self.status.set_consumer_prefetch(self.consumer_prefetch);
                 }
                 self.reply(
                     context,
@@ -206,6 +208,13 @@ impl Channel {
             .map_or(0, |priority| {
                 priority.clamp(i32::MIN as i64, i32::MAX as i64) as i32
             });
+        let status = ConsumerStatus {
+            queue: Arc::clone(queue.name()),
+            ack_required: !consume.no_ack,
+            exclusive: consume.exclusive,
+            prefetch_count: self.consumer_prefetch,
+            arguments: consume.arguments.clone(),
+        };
         let consumer = Arc::new(Consumer {
             tag: Arc::clone(&tag),
             channel_id: self.id,
@@ -218,6 +227,7 @@ impl Channel {
             sink: self.deliveries.clone(),
         });
         if let Some((home, key)) = queue.forwarded() {
+            self.status.consumer_added(&tag, status);
             return self.consume_remote(context, (queue, home, key), consumer, consume.nowait);
         }
         queue.add_consumer(consumer, &mut || {
@@ -236,6 +246,7 @@ impl Channel {
                 queue: Arc::clone(&queue),
             },
         );
+        self.status.consumer_added(&tag, status);
         queue.dispatch();
         Ok(())
     }
@@ -273,6 +284,7 @@ impl Channel {
         self.await_remote(started, move |channel, _context, started| {
             if started.is_err() {
                 channel.consumers.remove(&tag);
+                channel.status.consumer_removed(&tag);
             }
             started
         });
@@ -346,6 +358,7 @@ impl Channel {
     /// RabbitMQ).
     fn remove_consumer(&mut self, context: &ConnectionContext, tag: &str) -> Option<Cancelled> {
         let entry = self.consumers.remove(tag)?;
+        self.status.consumer_removed(tag);
         let removed = entry
             .queue
             .remove_consumer(context.connection_id, self.id, tag)?;

@@ -39,6 +39,7 @@ use sluice_wire::method::Publish;
 use crate::access_check::PublishPermit;
 use crate::bodies_under_way::BodyReservation;
 use crate::connection_context::ConnectionContext;
+use crate::connection_registry::ChannelStatus;
 use crate::delivery::{ChannelDeliveries, Unacked};
 use crate::uncommitted::HeldByTransaction;
 
@@ -125,6 +126,8 @@ struct ReplyConsumer {
 pub struct Channel {
     pub id: u16,
     pub deliveries: Arc<ChannelDeliveries>,
+    /// What the management API shows of this channel.
+    status: Arc<ChannelStatus>,
     /// We sent channel.close and wait for close-ok; other frames are dropped.
     pub closing: bool,
     content: Option<PendingContent>,
@@ -165,12 +168,12 @@ impl Channel {
             Arc::clone(&context.outbox),
             Arc::clone(&context.vhost),
         ));
-        context
-            .stats
-            .channel_opened(id, Arc::clone(deliveries.counters()));
+        let status = ChannelStatus::new(&deliveries);
+        context.stats.channel_opened(id, Arc::clone(&status));
         Channel {
             id,
             deliveries,
+            status,
             closing: false,
             content: None,
             confirms: None,
@@ -225,6 +228,7 @@ impl Channel {
     fn prune_cancelled_consumers(&mut self) {
         for tag in self.deliveries.take_cancelled_by_queue() {
             self.consumers.remove(&tag);
+            self.status.consumer_removed(&tag);
         }
     }
 
@@ -281,6 +285,7 @@ impl Channel {
                     ));
                 }
                 self.confirms.get_or_insert_with(Confirms::default);
+                self.status.set_confirm();
                 if !select.nowait {
                     self.reply(
                         context,

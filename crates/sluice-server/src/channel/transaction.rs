@@ -27,6 +27,7 @@ impl Channel {
                     operations: Vec::new(),
                     held: HeldByTransaction::new(&context.uncommitted),
                 });
+                self.status.set_transactional();
                 self.reply(
                     context,
                     AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),

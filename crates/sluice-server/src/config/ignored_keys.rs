@@ -56,15 +56,15 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "management.",
-        "the management plugin is not part of Sluice yet",
+        "Sluice's management API takes management.tcp.port and management.tcp.ip only",
     ),
     (
         "management_agent.",
-        "the management plugin is not part of Sluice yet",
+        "Sluice's management API has no separate agent",
     ),
     (
         "management_db_cache_multiplier",
-        "the management plugin is not part of Sluice yet",
+        "Sluice's management API reads the broker directly and caches nothing",
     ),
     (
         "prometheus.",
@@ -72,11 +72,11 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "collect_statistics",
-        "statistics are collected for the operations endpoints, which are not part of Sluice yet",
+        "the management API samples its rates every 5 seconds",
     ),
     (
         "collect_statistics_interval",
-        "statistics are collected for the operations endpoints, which are not part of Sluice yet",
+        "the management API samples its rates every 5 seconds",
     ),
     (
         "auth_mechanisms.",

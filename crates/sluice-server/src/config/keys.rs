@@ -12,7 +12,7 @@ use super::units::{
 use super::{
     Config, CREDIT_FLOW_CREDIT_MAX, FRAME_MAX_MAX, FRAME_MAX_MIN, LOG_LEVELS, MESSAGE_SIZE_MAX,
 };
-use crate::{cluster_config, prometheus, store_config, tcp_listen_options, tls};
+use crate::{cluster_config, management, prometheus, store_config, tcp_listen_options, tls};
 
 /// A key's outcome.
 pub(super) type Applied = Option<Result<(), String>>;
@@ -253,6 +253,8 @@ fn prefixed_key(config: &mut Config, key: &str, value: &str) -> Applied {
             value,
             parse_information_unit,
         )
+    } else if key.starts_with("management.") {
+        management::config::apply(&mut config.management, key, value)
     } else if key.starts_with("prometheus.") {
         prometheus::config::apply(&mut config.prometheus, key, value)
     } else if key.starts_with("ssl_") || key.starts_with("listeners.ssl") {

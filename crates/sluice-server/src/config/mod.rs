@@ -18,6 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use crate::cluster_config::ClusterConfig;
+use crate::management::config::ManagementConfig;
 use crate::prometheus::config::PrometheusConfig;
 use crate::resource_limit::{DiskFreeLimit, MemoryWatermark};
 use crate::store_config::StoreConfig;
@@ -151,6 +152,9 @@ pub struct Config {
     /// The Prometheus endpoint (`prometheus.*`). Default: port 15692 on
     /// every address.
     pub prometheus: PrometheusConfig,
+    /// The management HTTP API (`management.*`). Default: port 15672 on
+    /// every address.
+    pub management: ManagementConfig,
 }
 
 /// Default `delivery_buffer_total_max`: 64 connections' worth of full
@@ -221,6 +225,7 @@ impl Default for Config {
             load_definitions: None,
             cluster: ClusterConfig::default(),
             prometheus: PrometheusConfig::default(),
+            management: ManagementConfig::default(),
         }
     }
 }

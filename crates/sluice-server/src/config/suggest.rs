@@ -1,6 +1,7 @@
 //! "Did you mean": the known key nearest to a misspelt one.
 
 use crate::cluster_config::CLUSTER_KEYS;
+use crate::management::config::MANAGEMENT_KEYS;
 use crate::prometheus::config::PROMETHEUS_KEYS;
 use crate::store_config::STORE_KEYS;
 use crate::tcp_listen_options::TCP_LISTEN_KEYS;
@@ -52,6 +53,7 @@ pub(super) fn closest_key(key: &str) -> Option<&'static str> {
         .chain(CLUSTER_KEYS)
         .chain(TLS_KEYS)
         .chain(PROMETHEUS_KEYS)
+        .chain(MANAGEMENT_KEYS)
         .map(|known| (edit_distance(key, known), *known))
         .filter(|(distance, _)| *distance <= TYPO_DISTANCE_MAX)
         .min_by_key(|(distance, _)| *distance)

@@ -2,7 +2,7 @@
 //! `prometheus.tcp.port` (15692), `prometheus.tcp.ip`, `prometheus.path`
 //! (`/metrics`) and `prometheus.return_per_object_metrics`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use crate::http_listener::HttpListenerConfig;
 
 /// Keys handled here, for the parser's typo suggestions.
 pub const PROMETHEUS_KEYS: &[&str] = &[
@@ -17,12 +17,7 @@ pub const PROMETHEUS_PORT_DEFAULT: u16 = 15692;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrometheusConfig {
-    pub ip: IpAddr,
-    pub port: u16,
-    /// Whether the port or address was set: then a port in use stops the
-    /// start. The default port in use (another node on the machine, a
-    /// RabbitMQ) is logged and the node runs without the endpoint.
-    pub configured: bool,
+    pub listener: HttpListenerConfig,
     /// Where the aggregated metrics are served; per-object ones at
     /// `{path}/per-object`.
     pub path: String,
@@ -34,38 +29,19 @@ pub struct PrometheusConfig {
 impl Default for PrometheusConfig {
     fn default() -> Self {
         Self {
-            ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            port: PROMETHEUS_PORT_DEFAULT,
-            configured: false,
+            listener: HttpListenerConfig::with_default_port(PROMETHEUS_PORT_DEFAULT),
             path: "/metrics".to_owned(),
             per_object_by_default: false,
         }
     }
 }
 
-impl PrometheusConfig {
-    pub fn address(&self) -> SocketAddr {
-        SocketAddr::new(self.ip, self.port)
-    }
-}
-
 /// Applies one key; None for a key that is not one of these.
 pub fn apply(config: &mut PrometheusConfig, key: &str, value: &str) -> Option<Result<(), String>> {
     let result = match key {
-        "prometheus.tcp.port" => value
-            .parse::<u16>()
-            .map(|port| {
-                config.port = port;
-                config.configured = true;
-            })
-            .map_err(|_| "expected a port number (0 to 65535)".to_owned()),
-        "prometheus.tcp.ip" => value
-            .parse::<IpAddr>()
-            .map(|ip| {
-                config.ip = ip;
-                config.configured = true;
-            })
-            .map_err(|_| "expected an IP address, e.g. 0.0.0.0 or ::".to_owned()),
+        "prometheus.tcp.port" | "prometheus.tcp.ip" => {
+            return config.listener.apply(&key["prometheus.".len()..], value)
+        }
         "prometheus.path" => {
             if value.starts_with('/') && value.len() > 1 && !value.ends_with('/') {
                 config.path = value.to_owned();
@@ -93,8 +69,8 @@ mod tests {
     #[test]
     fn prometheus_keys_are_read_and_checked() {
         let mut config = PrometheusConfig::default();
-        assert_eq!(config.address().port(), 15692);
-        assert!(!config.configured);
+        assert_eq!(config.listener.address().port(), 15692);
+        assert!(!config.listener.configured);
         for (key, value) in [
             ("prometheus.tcp.port", "9419"),
             ("prometheus.tcp.ip", "127.0.0.1"),
@@ -103,8 +79,8 @@ mod tests {
         ] {
             assert_eq!(apply(&mut config, key, value), Some(Ok(())), "{key}");
         }
-        assert_eq!(config.address(), "127.0.0.1:9419".parse().unwrap());
-        assert!(config.configured && config.per_object_by_default);
+        assert_eq!(config.listener.address(), "127.0.0.1:9419".parse().unwrap());
+        assert!(config.listener.configured && config.per_object_by_default);
         assert_eq!(config.path, "/stats");
         assert!(apply(&mut config, "prometheus.tcp.port", "99999")
             .unwrap()

@@ -268,7 +268,10 @@ impl MetricsSources {
                 // id, under `channel`.
                 let labels = vec![(
                     "channel".to_owned(),
-                    format!("{} ({})", connection.peer_address, connection.connection_id),
+                    format!(
+                        "{} ({})",
+                        connection.identity.peer_address, connection.connection_id
+                    ),
                 )];
                 for (family, value) in [&mut incoming, &mut outgoing, &mut connection_channels]
                     .into_iter()

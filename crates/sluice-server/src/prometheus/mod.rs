@@ -23,41 +23,17 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::http_listener::{self, HttpListenError};
 use config::PrometheusConfig;
 use metrics::{MetricsSources, Scope};
 
 /// Prometheus's text exposition format, as RabbitMQ serves it.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Why the endpoint could not listen.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot listen for Prometheus on {address} (prometheus.tcp.port, prometheus.tcp.ip)")]
-pub struct PrometheusListenError {
-    pub address: SocketAddr,
-    #[source]
-    pub source: std::io::Error,
-}
-
-/// Binds the endpoint. A port that was configured and cannot be had stops
-/// the start; the default one in use (a second node on the machine, a
-/// RabbitMQ) is logged, and the node runs without the endpoint.
-pub fn bind(
-    config: &PrometheusConfig,
-) -> Result<Option<std::net::TcpListener>, PrometheusListenError> {
-    let address = config.address();
-    match std::net::TcpListener::bind(address) {
-        Ok(listener) => {
-            listener
-                .set_nonblocking(true)
-                .map_err(|source| PrometheusListenError { address, source })?;
-            Ok(Some(listener))
-        }
-        Err(source) if config.configured => Err(PrometheusListenError { address, source }),
-        Err(error) => {
-            tracing::warn!(%address, %error, "the Prometheus endpoint is off: its default port is taken (set prometheus.tcp.port for this node)");
-            Ok(None)
-        }
-    }
+/// Binds the endpoint; None when its default port was taken (see
+/// [`crate::http_listener`]).
+pub fn bind(config: &PrometheusConfig) -> Result<Option<std::net::TcpListener>, HttpListenError> {
+    http_listener::bind(&config.listener, "Prometheus", "prometheus")
 }
 
 /// Serves `listener` until `shutdown` turns true.

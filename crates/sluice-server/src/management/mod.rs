@@ -1,0 +1,127 @@
+//! The management HTTP API: RabbitMQ's `rabbitmq_management` JSON API, with
+//! its paths, field names and status codes, so that the tools written
+//! against it (rabbitmqadmin, client libraries' test suites, scripts,
+//! `sluice ctl`) work unchanged.
+//!
+//! Everything is read from what the broker keeps anyway (its tables, the
+//! queues' counts, the connection registry); the only state of its own is
+//! the [`rates`] sampler, which turns counters into per-second rates
+//! every few seconds.
+//!
+//! - [`config`]: the `management.*` keys.
+//! - [`auth`]: basic authentication and the tags' rules.
+//! - [`error`], [`list_query`], [`json`]: the shapes every endpoint shares.
+//! - one module per resource: [`overview`], [`connections`], [`channels`],
+//!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
+//!   permissions), [`health`].
+
+pub mod access;
+pub mod auth;
+pub mod bindings;
+pub mod body;
+pub mod channels;
+pub mod config;
+pub mod connections;
+pub mod error;
+pub mod exchanges;
+pub mod health;
+pub mod json;
+pub mod list_query;
+pub mod overview;
+pub mod publish;
+pub mod queue_ops;
+pub mod queues;
+pub mod rates;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use sluice_core::broker::Broker;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::alarm::{AlarmLimits, Alarms};
+use crate::connection_registry::ConnectionRegistry;
+use crate::http_listener::{self, HttpListenError};
+use crate::quorum_hibernation::RunningGroups;
+use config::ManagementConfig;
+
+/// The largest request body taken (a definitions import, a publish):
+/// RabbitMQ's default `management.http.max_body_size`, 20 MiB.
+const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
+
+/// A listener of the node, as `/api/overview` lists it.
+#[derive(Clone, Debug)]
+pub struct ListenerInfo {
+    pub protocol: &'static str,
+    pub address: SocketAddr,
+}
+
+/// What the endpoints read from and act on.
+pub struct ManagementState {
+    pub broker: Arc<Broker>,
+    pub connections: Arc<ConnectionRegistry>,
+    /// This node's own alarms.
+    pub alarms: watch::Receiver<Alarms>,
+    /// Alarms anywhere in the cluster.
+    pub cluster_alarms: watch::Receiver<Alarms>,
+    pub alarm_limits: watch::Receiver<AlarmLimits>,
+    pub data_dir: PathBuf,
+    pub cluster_name: String,
+    pub listeners: Vec<ListenerInfo>,
+    pub started_at: SystemTime,
+    /// `connection_max`, RabbitMQ's socket limit.
+    pub connection_max: usize,
+    pub quorum_groups: RunningGroups,
+    pub rates: rates::RateSampler,
+}
+
+/// Binds the API's listener; None when its default port was taken.
+pub fn bind(config: &ManagementConfig) -> Result<Option<std::net::TcpListener>, HttpListenError> {
+    http_listener::bind(&config.listener, "the management API", "management")
+}
+
+/// Serves `listener` until `shutdown` turns true; samples rates meanwhile.
+pub fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<ManagementState>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::from_std(listener)?;
+    let address = listener.local_addr()?;
+    let router = router(Arc::clone(&state));
+    tracing::info!(%address, "serving the management API");
+    let sampler = tokio::spawn(rates::run(Arc::clone(&state), shutdown.clone()));
+    let task = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        };
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(error) = axum::serve(listener, service)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::warn!(%error, "the management API stopped");
+        }
+        sampler.abort();
+    });
+    Ok((address, task))
+}
+
+fn router(state: Arc<ManagementState>) -> Router {
+    Router::new()
+        .merge(overview::routes())
+        .merge(connections::routes())
+        .merge(channels::routes())
+        .merge(exchanges::routes())
+        .merge(queues::routes())
+        .merge(bindings::routes())
+        .merge(access::routes())
+        .merge(health::routes())
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}

@@ -1,0 +1,312 @@
+//! `/api/queues`: list, show (with type, node, leader and members, counts
+//! and rates), declare (PUT), delete, purge (`DELETE .../contents`), get.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::stream::{self, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use sluice_core::access::{Permission, ResourceKind};
+use sluice_core::metadata::MetadataCommand;
+use sluice_core::queue::{Queue, QueueStats};
+use sluice_core::queue_type::QueueType;
+use sluice_core::vhost::{QueueDeclaration, VirtualHost};
+
+use super::auth::Caller;
+use super::body::JsonObject;
+use super::error::{ApiError, ApiResult};
+use super::json::table_to_json;
+use super::list_query::ListQuery;
+use super::publish;
+use super::queue_ops;
+use super::rates::{message_stats, with_rate, RateKey};
+use super::ManagementState;
+
+/// Queues of other nodes counted at once, for one listing.
+const REMOTE_COUNTS_IN_FLIGHT: usize = 32;
+
+pub fn routes() -> Router<Arc<ManagementState>> {
+    Router::new()
+        .route("/api/queues", get(list))
+        .route("/api/queues/{vhost}", get(list_in_vhost))
+        .route(
+            "/api/queues/{vhost}/{name}",
+            get(show).put(declare).delete(delete_queue),
+        )
+        .route("/api/queues/{vhost}/{name}/contents", delete(purge))
+        .route("/api/queues/{vhost}/{name}/get", post(publish::get))
+}
+
+/// A queue's counts: this node's own for a classic queue here or a quorum
+/// queue with a member here; its home node's otherwise (None when that
+/// node cannot answer: the queue is listed as down).
+async fn counts(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
+    if queue.queue_type() == QueueType::Quorum && queue.home_node().is_none() {
+        return Some(queue.stats());
+    }
+    if queue.unavailable().is_some() {
+        return None;
+    }
+    queue_ops::stats(queue).await.ok()
+}
+
+fn queue_json(
+    state: &ManagementState,
+    vhost: &VirtualHost,
+    queue: &Arc<dyn Queue>,
+    stats: Option<QueueStats>,
+) -> Value {
+    let options = queue.options();
+    let local = state.broker.node().name.to_string();
+    let home = queue
+        .home_node()
+        .map_or_else(|| local.clone(), |home| home.to_string());
+    let key = RateKey::Queue {
+        vhost: vhost.name.to_string(),
+        name: queue.name().to_string(),
+    };
+    let rates = state.rates.rates(&key);
+    let mut object = Map::new();
+    object.insert("name".into(), json!(queue.name().as_ref()));
+    object.insert("vhost".into(), json!(vhost.name.as_ref()));
+    object.insert("type".into(), json!(queue.queue_type().as_str()));
+    object.insert("durable".into(), json!(options.durable));
+    object.insert("auto_delete".into(), json!(options.auto_delete));
+    object.insert("exclusive".into(), json!(options.exclusive_owner.is_some()));
+    object.insert("arguments".into(), table_to_json(&options.arguments));
+    object.insert(
+        "policy".into(),
+        json!(vhost.queue_policy_name(queue.name())),
+    );
+    object.insert(
+        "state".into(),
+        json!(if stats.is_some() { "running" } else { "down" }),
+    );
+    if queue.queue_type() == QueueType::Quorum {
+        let running = state.broker.metadata.running_nodes(&local);
+        let leader = queue.leader();
+        object.insert("node".into(), json!(leader.clone().unwrap_or(home)));
+        object.insert("leader".into(), json!(leader));
+        object.insert("members".into(), json!(options.members));
+        object.insert(
+            "online".into(),
+            json!(options
+                .members
+                .iter()
+                .filter(|member| running.contains(member))
+                .collect::<Vec<_>>()),
+        );
+    } else {
+        object.insert("node".into(), json!(home));
+    }
+    if let Some(stats) = stats {
+        let ready = stats.messages_ready as u64;
+        let unacked = stats.messages_unacknowledged;
+        with_rate(
+            &mut object,
+            "messages",
+            ready + unacked,
+            rates.gauges[0] + rates.gauges[1],
+        );
+        with_rate(&mut object, "messages_ready", ready, rates.gauges[0]);
+        with_rate(
+            &mut object,
+            "messages_unacknowledged",
+            unacked,
+            rates.gauges[1],
+        );
+        object.insert("messages_paged_out".into(), json!(stats.messages_paged));
+        object.insert("message_bytes_ready".into(), json!(stats.ready_bytes));
+        object.insert("consumers".into(), json!(stats.consumers));
+    }
+    object.insert(
+        "message_stats".into(),
+        message_stats(&queue.counts(), &rates),
+    );
+    Value::Object(object)
+}
+
+/// The queues of `vhosts` as JSON, counted (remote ones a few at a time).
+async fn queues_json(state: &ManagementState, vhosts: Vec<Arc<VirtualHost>>) -> Vec<Value> {
+    let queues: Vec<(Arc<VirtualHost>, Arc<dyn Queue>)> = vhosts
+        .into_iter()
+        .flat_map(|vhost| {
+            vhost
+                .queues()
+                .into_iter()
+                .map(move |queue| (Arc::clone(&vhost), queue))
+        })
+        .collect();
+    // Boxed: the stream's futures then have one nameable type, which keeps
+    // the handler's future `Send` for axum.
+    let counting: Vec<BoxFuture<'_, Value>> = queues
+        .into_iter()
+        .map(|(vhost, queue)| counted(state, vhost, queue).boxed())
+        .collect();
+    stream::iter(counting)
+        .buffered(REMOTE_COUNTS_IN_FLIGHT)
+        .collect()
+        .await
+}
+
+async fn counted(state: &ManagementState, vhost: Arc<VirtualHost>, queue: Arc<dyn Queue>) -> Value {
+    let stats = counts(&queue).await;
+    queue_json(state, &vhost, &queue, stats)
+}
+
+async fn list(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    let vhosts = state
+        .broker
+        .vhosts()
+        .into_iter()
+        .filter(|vhost| caller.sees_vhost(&vhost.name))
+        .collect();
+    Ok(Json(query.apply(queues_json(&state, vhosts).await)?))
+}
+
+async fn list_in_vhost(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    caller.require_visible_vhost(&vhost)?;
+    let vhost = state.broker.vhost(&vhost).ok_or_else(ApiError::not_found)?;
+    Ok(Json(query.apply(queues_json(&state, vec![vhost]).await)?))
+}
+
+async fn show(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path((vhost_name, name)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    caller.require_visible_vhost(&vhost_name)?;
+    let vhost = state
+        .broker
+        .vhost(&vhost_name)
+        .ok_or_else(ApiError::not_found)?;
+    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| ApiError::not_found())?;
+    let stats = counts(&queue).await;
+    Ok(Json(queue_json(&state, &vhost, &queue, stats)))
+}
+
+/// Declares the queue: 201 when new, 204 when an equivalent one was
+/// there, 400 with the AMQP reply otherwise.
+async fn declare(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path((vhost_name, name)): Path<(String, String)>,
+    body: JsonObject,
+) -> ApiResult<StatusCode> {
+    caller.require_vhost(&vhost_name)?;
+    let vhost = state
+        .broker
+        .vhost(&vhost_name)
+        .ok_or_else(ApiError::vhost_not_found)?;
+    caller.check_access(
+        &vhost_name,
+        Permission::Configure,
+        ResourceKind::Queue,
+        &name,
+    )?;
+    let declaration = QueueDeclaration {
+        name: &name,
+        passive: false,
+        durable: body.flag("durable", true)?,
+        exclusive: false,
+        auto_delete: body.flag("auto_delete", false)?,
+        arguments: body.arguments()?,
+    };
+    // The API is no connection: it owns nothing exclusive.
+    let connection_id = state.broker.next_connection_id();
+    if vhost
+        .check_queue_declaration(&declaration, connection_id)?
+        .is_some()
+    {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let definition = vhost.new_queue_definition(&declaration, connection_id);
+    if let Some(exchange) = declaration
+        .arguments
+        .inner()
+        .get("x-dead-letter-exchange")
+        .and_then(|value| value.as_long_string().map(|text| text.to_string()))
+    {
+        caller.check_access(&vhost_name, Permission::Read, ResourceKind::Queue, &name)?;
+        caller.check_access(
+            &vhost_name,
+            Permission::Write,
+            ResourceKind::Exchange,
+            &exchange,
+        )?;
+    }
+    let command = MetadataCommand::DeclareQueue {
+        vhost: vhost_name,
+        queue: definition,
+        connection: connection_id,
+    };
+    state.broker.metadata.propose(command).await?;
+    Ok(StatusCode::CREATED)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DeleteQuery {
+    #[serde(rename = "if-unused")]
+    if_unused: Option<String>,
+    #[serde(rename = "if-empty")]
+    if_empty: Option<String>,
+}
+
+async fn delete_queue(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path((vhost_name, name)): Path<(String, String)>,
+    Query(query): Query<DeleteQuery>,
+) -> ApiResult<StatusCode> {
+    caller.require_vhost(&vhost_name)?;
+    let vhost = state
+        .broker
+        .vhost(&vhost_name)
+        .ok_or_else(ApiError::vhost_not_found)?;
+    caller.check_access(
+        &vhost_name,
+        Permission::Configure,
+        ResourceKind::Queue,
+        &name,
+    )?;
+    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| ApiError::not_found())?;
+    let if_unused = query.if_unused.as_deref() == Some("true");
+    let if_empty = query.if_empty.as_deref() == Some("true");
+    if if_unused || if_empty {
+        let stats = queue_ops::stats(&queue).await?;
+        vhost.check_queue_deletable(&queue, stats, if_unused, if_empty)?;
+    }
+    let command = MetadataCommand::DeleteQueue {
+        vhost: vhost_name,
+        name: queue.name().to_string(),
+        declared_at: Some(queue.options().declared_at),
+    };
+    state.broker.metadata.propose(command).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn purge(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path((vhost_name, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    caller.require_vhost(&vhost_name)?;
+    caller.check_access(&vhost_name, Permission::Read, ResourceKind::Queue, &name)?;
+    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| ApiError::not_found())?;
+    queue_ops::purge(&queue).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,494 @@
+//! The management HTTP API over real HTTP, with RabbitMQ's paths, fields,
+//! status codes and error bodies, checked against what AMQP clients see.
+
+mod helpers;
+mod support;
+
+use helpers::*;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use serde_json::{json, Value};
+use support::raw::{close_reply, RawClient};
+use support::TestServer;
+
+async fn start() -> TestServer {
+    TestServer::start_with(|config| {
+        config.management.listener.ip = "127.0.0.1".parse().unwrap();
+        config.management.listener.port = 0;
+        config.management.listener.configured = true;
+    })
+    .await
+}
+
+/// An HTTP response: status, the headers asked for, and the body as JSON
+/// (Null when empty).
+struct Response {
+    status: u16,
+    location: Option<String>,
+    authenticate: Option<String>,
+    body: Value,
+}
+
+/// One request as `user`, run off the runtime (ureq blocks).
+async fn request(
+    server: &TestServer,
+    method: &'static str,
+    path: &str,
+    credentials: Option<(&str, &str)>,
+    body: Option<Value>,
+    reason: Option<&str>,
+) -> Response {
+    let address = server.running().management_address.expect("the API is on");
+    let url = format!("http://{address}{path}");
+    let credentials = credentials.map(|(user, password)| (user.to_owned(), password.to_owned()));
+    let reason = reason.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some((user, password)) = &credentials {
+            use base64::Engine;
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            builder = builder.header("authorization", format!("Basic {token}"));
+        }
+        if let Some(reason) = &reason {
+            builder = builder.header("x-reason", reason);
+        }
+        let payload = body.map(|body| body.to_string()).unwrap_or_default();
+        let request = builder
+            .header("content-type", "application/json")
+            .body(payload)
+            .unwrap();
+        let mut response = agent.run(request).expect("the API answers");
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (location, authenticate) = (header("location"), header("www-authenticate"));
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        Response {
+            status,
+            location,
+            authenticate,
+            body: if text.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).expect("a JSON body")
+            },
+        }
+    })
+    .await
+    .unwrap()
+}
+
+const GUEST: Option<(&str, &str)> = Some(("guest", "guest"));
+
+async fn get(server: &TestServer, path: &str) -> Value {
+    let response = request(server, "GET", path, GUEST, None, None).await;
+    assert_eq!(response.status, 200, "GET {path}: {}", response.body);
+    response.body
+}
+
+#[tokio::test]
+async fn management_api_authenticates_with_rabbitmq_errors() {
+    let server = start().await;
+    let anonymous = request(&server, "GET", "/api/overview", None, None, None).await;
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(
+        anonymous.authenticate.as_deref(),
+        Some("Basic realm=\"RabbitMQ Management\"")
+    );
+    let wrong = request(
+        &server,
+        "GET",
+        "/api/overview",
+        Some(("guest", "nope")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert_eq!(
+        wrong.body,
+        json!({"error": "not_authorized", "reason": "Login failed"})
+    );
+    // A user without a management tag may use AMQP but not the API.
+    let created = request(
+        &server,
+        "PUT",
+        "/api/users/worker",
+        GUEST,
+        Some(json!({"password": "pw", "tags": ""})),
+        None,
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let refused = request(
+        &server,
+        "GET",
+        "/api/overview",
+        Some(("worker", "pw")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(
+        refused.body,
+        json!({"error": "not_authorised", "reason": "Not management user"})
+    );
+    // A monitoring user reads, but changes nothing.
+    let tagged = request(
+        &server,
+        "PUT",
+        "/api/users/watcher",
+        GUEST,
+        Some(json!({"password": "pw", "tags": ["monitoring"]})),
+        None,
+    )
+    .await;
+    assert_eq!(tagged.status, 201);
+    let watcher = Some(("watcher", "pw"));
+    let whoami = request(&server, "GET", "/api/whoami", watcher, None, None).await;
+    assert_eq!(
+        whoami.body,
+        json!({"name": "watcher", "tags": ["monitoring"]})
+    );
+    let users = request(&server, "GET", "/api/users", watcher, None, None).await;
+    assert_eq!(users.status, 401);
+    assert_eq!(users.body["reason"], "Not administrator user");
+    let overview = get(&server, "/api/overview").await;
+    assert_eq!(overview["rabbitmq_version"], "3.10.8");
+    assert_eq!(
+        overview["node"],
+        server.running().broker.node().name.as_ref()
+    );
+    let exchanges = server
+        .running()
+        .broker
+        .vhost("/")
+        .unwrap()
+        .exchanges()
+        .len();
+    assert!(exchanges >= 5, "the amq.* exchanges");
+    assert_eq!(overview["object_totals"]["exchanges"], exchanges);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn management_api_declares_publishes_gets_and_deletes_what_clients_see() {
+    let server = start().await;
+    let exchange = json!({"type": "direct", "durable": true});
+    let new = request(
+        &server,
+        "PUT",
+        "/api/exchanges/%2F/orders",
+        GUEST,
+        Some(exchange.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(new.status, 201);
+    let again = request(
+        &server,
+        "PUT",
+        "/api/exchanges/%2F/orders",
+        GUEST,
+        Some(exchange),
+        None,
+    )
+    .await;
+    assert_eq!(again.status, 204);
+    let inequivalent = request(
+        &server,
+        "PUT",
+        "/api/exchanges/%2F/orders",
+        GUEST,
+        Some(json!({"type": "direct", "durable": false})),
+        None,
+    )
+    .await;
+    assert_eq!(inequivalent.status, 400);
+    assert_eq!(
+        inequivalent.body["reason"],
+        "406 PRECONDITION_FAILED - inequivalent arg 'durable' for exchange 'orders' in vhost '/': received 'false' but current is 'true'"
+    );
+    let queue = request(
+        &server,
+        "PUT",
+        "/api/queues/%2F/jobs",
+        GUEST,
+        Some(json!({"durable": true, "arguments": {"x-max-length": 100}})),
+        None,
+    )
+    .await;
+    assert_eq!(queue.status, 201, "{}", queue.body);
+    let bound = request(
+        &server,
+        "POST",
+        "/api/bindings/%2F/e/orders/q/jobs",
+        GUEST,
+        Some(json!({"routing_key": "new.*", "arguments": {}})),
+        None,
+    )
+    .await;
+    assert_eq!(bound.status, 201);
+    assert_eq!(bound.location.as_deref(), Some("jobs/new.%2A"));
+    // An AMQP client sees the queue and its binding.
+    let (_connection, channel) = open(&server).await;
+    publish(&channel, "orders", "new.*", b"from amqp").await;
+    let routed = request(
+        &server,
+        "POST",
+        "/api/exchanges/%2F/orders/publish",
+        GUEST,
+        Some(json!({
+            "properties": {"delivery_mode": 2, "headers": {"n": 1}, "message_id": "m1"},
+            "routing_key": "new.*",
+            "payload": "from http",
+            "payload_encoding": "string",
+        })),
+        None,
+    )
+    .await;
+    assert_eq!(routed.body, json!({"routed": true}));
+    let unrouted = request(
+        &server,
+        "POST",
+        "/api/exchanges/%2F/orders/publish",
+        GUEST,
+        Some(json!({"properties": {}, "routing_key": "old", "payload": "x", "payload_encoding": "string"})),
+        None,
+    )
+    .await;
+    assert_eq!(unrouted.body, json!({"routed": false}));
+    let shown = get(&server, "/api/queues/%2F/jobs").await;
+    assert_eq!(shown["messages"], 2);
+    assert_eq!(shown["type"], "classic");
+    assert_eq!(shown["arguments"], json!({"x-max-length": 100}));
+    let bindings = get(&server, "/api/queues/%2F/jobs/bindings").await;
+    assert_eq!(
+        bindings
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|binding| (
+                binding["source"].as_str().unwrap(),
+                binding["properties_key"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        [("", "jobs"), ("orders", "new.%2A")]
+    );
+    let got = request(
+        &server,
+        "POST",
+        "/api/queues/%2F/jobs/get",
+        GUEST,
+        Some(json!({"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})),
+        None,
+    )
+    .await;
+    let messages = got.body.as_array().expect("a list of messages");
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["payload"], "from amqp");
+    assert_eq!(messages[1]["payload"], "from http");
+    assert_eq!(messages[1]["message_count"], 0);
+    assert_eq!(
+        messages[1]["properties"],
+        json!({"delivery_mode": 2, "headers": {"n": 1}, "message_id": "m1"})
+    );
+    // Requeued, and redelivered to the next reader.
+    let delivery = get_body(&channel, "jobs", true).await;
+    assert_eq!(delivery.as_deref(), Some(&b"from amqp"[..]));
+    let purged = request(
+        &server,
+        "DELETE",
+        "/api/queues/%2F/jobs/contents",
+        GUEST,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(purged.status, 204);
+    assert_eq!(get(&server, "/api/queues/%2F/jobs").await["messages"], 0);
+    let deleted = request(&server, "DELETE", "/api/queues/%2F/jobs", GUEST, None, None).await;
+    assert_eq!(deleted.status, 204);
+    let missing = request(&server, "DELETE", "/api/queues/%2F/jobs", GUEST, None, None).await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.body,
+        json!({"error": "Object Not Found", "reason": "Not Found"})
+    );
+    let passive = channel
+        .queue_declare(
+            "jobs".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await;
+    assert_eq!(amqp_error(passive).0, 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn management_api_lists_connections_channels_and_consumers_and_closes_one() {
+    let server = start().await;
+    let (connection, channel) = open(&server).await;
+    channel
+        .basic_qos(7, BasicQosOptions::default())
+        .await
+        .unwrap();
+    declare(&channel, "work").await;
+    let _consumer = channel
+        .basic_consume(
+            "work".into(),
+            "worker-1".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let connections = get(&server, "/api/connections").await;
+    let listed = &connections.as_array().unwrap()[0];
+    assert_eq!(listed["user"], "guest");
+    assert_eq!(listed["vhost"], "/");
+    assert_eq!(listed["protocol"], "AMQP 0-9-1");
+    let name = listed["name"].as_str().unwrap().to_owned();
+    assert!(name.ends_with(&format!(" -> {}", server.address)), "{name}");
+    let channels = get(&server, "/api/channels").await;
+    let first = &channels.as_array().unwrap()[0];
+    assert_eq!(first["name"], format!("{name} (1)"));
+    assert_eq!(first["prefetch_count"], 7);
+    assert_eq!(first["consumer_count"], 1);
+    let consumers = get(&server, "/api/consumers/%2F").await;
+    assert_eq!(consumers[0]["consumer_tag"], "worker-1");
+    assert_eq!(consumers[0]["queue"], json!({"name": "work", "vhost": "/"}));
+    assert_eq!(consumers[0]["prefetch_count"], 7);
+    // Paged and trimmed as RabbitMQ's lists are.
+    let page = get(
+        &server,
+        "/api/queues?page=1&page_size=1&columns=name,consumers",
+    )
+    .await;
+    assert_eq!(page["items"], json!([{"name": "work", "consumers": 1}]));
+    connection.close(200, "done".into()).await.unwrap();
+    // Closing a connection: the client hears 320 and the reason given.
+    let mut raw = RawClient::open(server.address).await;
+    let mut name = String::new();
+    eventually("the raw connection is listed", || {
+        let snapshots = server.running().connections();
+        if let Some(snapshot) = snapshots
+            .iter()
+            .find(|snapshot| snapshot.identity.user == "guest")
+        {
+            name = snapshot.identity.name();
+        }
+        snapshots.len() == 1
+    })
+    .await;
+    let path = format!(
+        "/api/connections/{}",
+        name.replace(' ', "%20").replace('>', "%3E")
+    );
+    let closed = request(
+        &server,
+        "DELETE",
+        &path,
+        GUEST,
+        None,
+        Some("maintenance window"),
+    )
+    .await;
+    assert_eq!(closed.status, 204);
+    let close = raw.expect_connection_close().await;
+    assert_eq!(
+        close_reply(&close),
+        (320, "CONNECTION_FORCED - maintenance window".to_owned())
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn management_api_users_vhosts_and_permissions_reach_amqp_logins() {
+    let server = start().await;
+    let put = |path: &'static str, body: Value| {
+        let server = &server;
+        async move {
+            request(server, "PUT", path, GUEST, Some(body), None)
+                .await
+                .status
+        }
+    };
+    assert_eq!(put("/api/vhosts/staging", json!({})).await, 201);
+    assert_eq!(
+        put(
+            "/api/users/deployer",
+            json!({"password": "s3cret", "tags": "management"})
+        )
+        .await,
+        201
+    );
+    assert_eq!(
+        put(
+            "/api/permissions/staging/deployer",
+            json!({"configure": ".*", "write": ".*", "read": ".*"})
+        )
+        .await,
+        201
+    );
+    let permissions = get(&server, "/api/users/deployer/permissions").await;
+    assert_eq!(
+        permissions,
+        json!([{"user": "deployer", "vhost": "staging", "configure": ".*", "write": ".*", "read": ".*"}])
+    );
+    // The new user logs in over AMQP to the new vhost.
+    let uri = format!("amqp://deployer:s3cret@{}/staging", server.address);
+    let connection = lapin::Connection::connect(&uri, Default::default())
+        .await
+        .expect("the new user logs in");
+    assert!(connection.status().connected());
+    // Its management view holds its own vhost only.
+    let vhosts = request(
+        &server,
+        "GET",
+        "/api/vhosts",
+        Some(("deployer", "s3cret")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(vhosts.body.as_array().unwrap().len(), 1);
+    assert_eq!(vhosts.body[0]["name"], "staging");
+    // Deleting the user closes its connection, as RabbitMQ does.
+    let mut raw = RawClient::open_with(
+        server.address,
+        support::raw::Handshake {
+            vhost: "staging".into(),
+            ..support::raw::Handshake::plain("deployer", "s3cret")
+        },
+    )
+    .await
+    .0;
+    let deleted = request(&server, "DELETE", "/api/users/deployer", GUEST, None, None).await;
+    assert_eq!(deleted.status, 204);
+    let close = raw.expect_connection_close().await;
+    assert_eq!(
+        close_reply(&close),
+        (
+            320,
+            "CONNECTION_FORCED - user 'deployer' is deleted".to_owned()
+        )
+    );
+    let missing = request(&server, "DELETE", "/api/users/deployer", GUEST, None, None).await;
+    assert_eq!(missing.status, 404);
+    server.stop().await;
+}
