@@ -272,8 +272,21 @@ pub fn load_definitions(path: &Path) -> Result<LoadedDefinitions, DefinitionsFil
         path: path.to_owned(),
         source,
     })?;
+    parse_definitions(&bytes, path)
+}
+
+/// Reads and validates definitions in RabbitMQ's JSON format from `bytes`
+/// (a file's, or a management API import's); `path` names where they came
+/// from in errors.
+///
+/// # Errors
+/// As [`load_definitions`], but for reading.
+pub fn parse_definitions(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<LoadedDefinitions, DefinitionsFileError> {
     let file: DefinitionsFile =
-        serde_json::from_slice(&bytes).map_err(|source| DefinitionsFileError::Parse {
+        serde_json::from_slice(bytes).map_err(|source| DefinitionsFileError::Parse {
             path: path.to_owned(),
             source,
         })?;

@@ -13,7 +13,7 @@
 //! - [`error`], [`list_query`], [`json`]: the shapes every endpoint shares.
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
-//!   permissions), [`health`].
+//!   permissions), [`definitions`], [`health`].
 
 pub mod access;
 pub mod auth;
@@ -22,6 +22,7 @@ pub mod body;
 pub mod channels;
 pub mod config;
 pub mod connections;
+pub mod definitions;
 pub mod error;
 pub mod exchanges;
 pub mod health;
@@ -121,6 +122,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(queues::routes())
         .merge(bindings::routes())
         .merge(access::routes())
+        .merge(definitions::routes())
         .merge(health::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

@@ -1,0 +1,239 @@
+//! `/api/definitions`: the whole topology and access setup exported in
+//! RabbitMQ's definitions format (GET), and imported from it (POST), the
+//! format `load_definitions` reads and `rabbitmqctl export_definitions`
+//! writes. An import is a series of metadata changes, applied in order
+//! (vhosts, users, permissions, limits, exchanges, queues, bindings); the
+//! first one refused stops it, with its reason.
+
+use std::path::Path as FilePath;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use sluice_core::definitions_import::{parse_definitions, DefinitionsFileError};
+use sluice_core::exchange::Destination;
+use sluice_core::vhost::VirtualHost;
+
+use super::auth::Caller;
+use super::error::{ApiError, ApiResult};
+use super::json::table_to_json;
+use super::ManagementState;
+use crate::handshake::RABBITMQ_VERSION_FOLLOWED;
+
+pub fn routes() -> Router<Arc<ManagementState>> {
+    Router::new()
+        .route("/api/definitions", get(export).post(import))
+        .route("/api/definitions/{vhost}", get(export_vhost))
+}
+
+/// Exchanges that exist in every vhost from the start, left out of exports.
+fn is_builtin_exchange(name: &str) -> bool {
+    name.is_empty() || name.starts_with("amq.")
+}
+
+/// A vhost's exchanges, queues and bindings as definitions list them:
+/// what a client declared (exclusive queues, owned by a connection, and
+/// the built-in exchanges are left out, as RabbitMQ leaves them out).
+fn topology(vhost: &VirtualHost) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let exchanges = vhost
+        .exchanges()
+        .iter()
+        .filter(|exchange| !is_builtin_exchange(&exchange.name))
+        .map(|exchange| {
+            json!({
+                "name": exchange.name.as_ref(),
+                "vhost": vhost.name.as_ref(),
+                "type": exchange.kind.as_str(),
+                "durable": exchange.durable,
+                "auto_delete": exchange.auto_delete,
+                "internal": exchange.internal,
+                "arguments": table_to_json(&exchange.arguments),
+            })
+        })
+        .collect();
+    let queues = vhost
+        .queues()
+        .iter()
+        .filter(|queue| queue.options().exclusive_owner.is_none())
+        .map(|queue| {
+            let options = queue.options();
+            json!({
+                "name": queue.name().as_ref(),
+                "vhost": vhost.name.as_ref(),
+                "durable": options.durable,
+                "auto_delete": options.auto_delete,
+                "arguments": table_to_json(&options.arguments),
+            })
+        })
+        .collect();
+    let bindings = vhost
+        .bindings()
+        .iter()
+        .filter(|(source, _)| !source.is_empty())
+        .map(|(source, binding)| {
+            let (destination, kind) = match &binding.destination {
+                Destination::Queue(name) => (name, "queue"),
+                Destination::Exchange(name) => (name, "exchange"),
+            };
+            json!({
+                "source": source.as_ref(),
+                "vhost": vhost.name.as_ref(),
+                "destination": destination.as_ref(),
+                "destination_type": kind,
+                "routing_key": binding.routing_key,
+                "arguments": table_to_json(&binding.arguments),
+            })
+        })
+        .collect();
+    (exchanges, queues, bindings)
+}
+
+async fn export(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+) -> ApiResult<Json<Value>> {
+    caller.require_administrator()?;
+    let access = state.broker.access.snapshot();
+    let mut vhosts = Vec::new();
+    let (mut exchanges, mut queues, mut bindings) = (Vec::new(), Vec::new(), Vec::new());
+    for vhost in state.broker.vhosts() {
+        vhosts.push(json!({"name": vhost.name.as_ref(), "limits": [], "metadata": {"description": "", "tags": []}}));
+        let (vhost_exchanges, vhost_queues, vhost_bindings) = topology(&vhost);
+        exchanges.extend(vhost_exchanges);
+        queues.extend(vhost_queues);
+        bindings.extend(vhost_bindings);
+    }
+    let users: Vec<Value> = access
+        .users
+        .iter()
+        .map(|user| {
+            json!({
+                "name": user.name,
+                "password_hash": user.password_hash,
+                "hashing_algorithm": user.hashing_algorithm.definitions_name(),
+                "tags": user.tags,
+                "limits": {},
+            })
+        })
+        .collect();
+    let permissions: Vec<Value> = access
+        .permissions
+        .iter()
+        .map(|permission| {
+            json!({
+                "user": permission.user,
+                "vhost": permission.vhost,
+                "configure": permission.configure,
+                "write": permission.write,
+                "read": permission.read,
+            })
+        })
+        .collect();
+    let topic_permissions: Vec<Value> = access
+        .topic_permissions
+        .iter()
+        .map(|permission| {
+            json!({
+                "user": permission.user,
+                "vhost": permission.vhost,
+                "exchange": permission.exchange,
+                "write": permission.write,
+                "read": permission.read,
+            })
+        })
+        .collect();
+    let parameters: Vec<Value> = access
+        .vhost_limits
+        .iter()
+        .filter_map(|(vhost, limits)| {
+            let mut value = serde_json::Map::new();
+            if let Some(max) = limits.max_connections {
+                value.insert("max-connections".into(), json!(max));
+            }
+            if let Some(max) = limits.max_queues {
+                value.insert("max-queues".into(), json!(max));
+            }
+            (!value.is_empty()).then(|| {
+                json!({"value": value, "vhost": vhost, "component": "vhost-limits", "name": "limits"})
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "rabbit_version": RABBITMQ_VERSION_FOLLOWED,
+        "rabbitmq_version": RABBITMQ_VERSION_FOLLOWED,
+        "product_name": "Sluice",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "users": users,
+        "vhosts": vhosts,
+        "permissions": permissions,
+        "topic_permissions": topic_permissions,
+        "parameters": parameters,
+        "global_parameters": [{"name": "cluster_name", "value": state.cluster_name}],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    })))
+}
+
+async fn export_vhost(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path(vhost_name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    caller.require_administrator()?;
+    let vhost = state
+        .broker
+        .vhost(&vhost_name)
+        .ok_or_else(ApiError::not_found)?;
+    let (exchanges, queues, bindings) = topology(&vhost);
+    Ok(Json(json!({
+        "rabbit_version": RABBITMQ_VERSION_FOLLOWED,
+        "parameters": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    })))
+}
+
+async fn import(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    caller.require_administrator()?;
+    let loaded =
+        parse_definitions(&body, FilePath::new("the imported definitions")).map_err(|error| {
+            match error {
+                DefinitionsFileError::Parse { .. } => ApiError::bad_request("failed_to_parse_json"),
+                other => ApiError::bad_request(error_chain(&other)),
+            }
+        })?;
+    if !loaded.policies.is_empty() {
+        return Err(ApiError::bad_request(
+            "policies cannot be imported into a running node: give them to load_definitions",
+        ));
+    }
+    let node = state.broker.node().clone();
+    let commands = loaded.metadata_commands(&node);
+    tracing::info!(commands = commands.len(), by = %caller.user, "importing definitions through the management API");
+    for command in commands {
+        state.broker.metadata.propose(command).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// An error with its causes, one after the other.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
