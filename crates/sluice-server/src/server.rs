@@ -34,6 +34,7 @@ use crate::forwarding::NodeForwarding;
 use crate::http_listener::HttpListenError;
 use crate::in_flight::InFlightBytes;
 use crate::limits::{BODIES_UNDER_WAY_WATERMARK_DIVISOR, TX_UNCOMMITTED_WATERMARK_DIVISOR};
+use crate::management::peers::PeerQueries;
 use crate::management::{self, ListenerInfo, ManagementState};
 use crate::metadata_log::{
     MetadataStateMachine, RaftMetadataLog, METADATA_CHANGE_TIMEOUT, METADATA_GROUP,
@@ -319,33 +320,41 @@ pub async fn start_with_cluster_listener(
         Arc::clone(&connections),
         shutdown_receiver.clone(),
     );
+    let mut listeners = vec![ListenerInfo {
+        protocol: "amqp",
+        address: local_address,
+    }];
+    if let Some((_, _, address)) = &tls_listener {
+        listeners.push(ListenerInfo {
+            protocol: "amqp/ssl",
+            address: *address,
+        });
+    }
+    let management_state = Arc::new(ManagementState {
+        broker: Arc::clone(&broker),
+        connections: Arc::clone(&connections),
+        alarms: alarm_monitor.subscribe(),
+        cluster_alarms: alarms.clone(),
+        alarm_limits: alarm_monitor.watch_limits(),
+        data_dir: config.data_dir.clone(),
+        cluster_name: cluster_name(&config),
+        listeners,
+        started_at: std::time::SystemTime::now(),
+        connection_max: settings.connection_max,
+        quorum_groups: Arc::clone(&quorum_groups.running),
+        rates: Default::default(),
+        peers: links
+            .as_ref()
+            .map(|links| PeerQueries::new(Arc::clone(links))),
+    });
+    // Every node answers its peers' API, whether or not its own HTTP
+    // listener is on: a listing through any node shows the whole cluster.
+    if let Some(links) = &links {
+        management::peers::serve(Arc::clone(&management_state), Arc::clone(links));
+    }
     let management = match management_listener {
         Some(listener) => {
-            let mut listeners = vec![ListenerInfo {
-                protocol: "amqp",
-                address: local_address,
-            }];
-            if let Some((_, _, address)) = &tls_listener {
-                listeners.push(ListenerInfo {
-                    protocol: "amqp/ssl",
-                    address: *address,
-                });
-            }
-            let state = Arc::new(ManagementState {
-                broker: Arc::clone(&broker),
-                connections: Arc::clone(&connections),
-                alarms: alarm_monitor.subscribe(),
-                cluster_alarms: alarms.clone(),
-                alarm_limits: alarm_monitor.watch_limits(),
-                data_dir: config.data_dir.clone(),
-                cluster_name: cluster_name(&config),
-                listeners,
-                started_at: std::time::SystemTime::now(),
-                connection_max: settings.connection_max,
-                quorum_groups: Arc::clone(&quorum_groups.running),
-                rates: Default::default(),
-            });
-            match management::serve(listener, state, shutdown_receiver.clone()) {
+            match management::serve(listener, management_state, shutdown_receiver.clone()) {
                 Ok(serving) => Some(serving),
                 Err(error) => {
                     tracing::warn!(%error, "the management API is off");

@@ -104,6 +104,16 @@ async fn management_api_authenticates_with_rabbitmq_errors() {
         anonymous.authenticate.as_deref(),
         Some("Basic realm=\"RabbitMQ Management\"")
     );
+    assert_eq!(anonymous.body, Value::Null, "a bare 401, as RabbitMQ's");
+    let unknown = request(&server, "GET", "/api/nosuch", GUEST, None, None).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(
+        unknown.body,
+        json!({"error": "Object Not Found", "reason": "Not Found"})
+    );
+    // amqp091-go's tests list connections with a trailing slash.
+    let slash = request(&server, "GET", "/api/connections/", GUEST, None, None).await;
+    assert_eq!(slash.status, 200);
     let wrong = request(
         &server,
         "GET",
@@ -184,6 +194,21 @@ async fn management_api_authenticates_with_rabbitmq_errors() {
 #[tokio::test]
 async fn management_api_declares_publishes_gets_and_deletes_what_clients_see() {
     let server = start().await;
+    let transient = request(
+        &server,
+        "PUT",
+        "/api/exchanges/%2F/scratch",
+        GUEST,
+        Some(json!({})),
+        None,
+    )
+    .await;
+    assert_eq!(transient.status, 201);
+    let scratch = get(&server, "/api/exchanges/%2F/scratch").await;
+    assert_eq!(
+        (scratch["type"].as_str(), scratch["durable"].as_bool()),
+        (Some("direct"), Some(false))
+    );
     let exchange = json!({"type": "direct", "durable": true});
     let new = request(
         &server,

@@ -87,12 +87,17 @@ async fn vhosts(
     Ok(Json(query.apply(listed)?))
 }
 
+/// One vhost: for administrators only, as in RabbitMQ (the list is for
+/// every management user).
 async fn vhost(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    caller.require_visible_vhost(&name)?;
+    caller.require_administrator()?;
+    if state.broker.vhost(&name).is_none() {
+        return Err(ApiError::not_found());
+    }
     Ok(Json(vhost_json(&state, &name)))
 }
 

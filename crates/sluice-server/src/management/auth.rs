@@ -13,8 +13,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use sluice_core::access::{Permission, ResourceKind};
 
@@ -150,14 +152,33 @@ impl Caller {
 }
 
 impl FromRequestParts<Arc<ManagementState>> for Caller {
-    type Rejection = ApiError;
+    type Rejection = Response;
 
     async fn from_request_parts(
         parts: &mut Parts,
         state: &Arc<ManagementState>,
     ) -> Result<Self, Self::Rejection> {
+        if parts.headers.get(AUTHORIZATION).is_none() {
+            return Err(credentials_wanted());
+        }
+        Self::authenticate(parts, state).map_err(IntoResponse::into_response)
+    }
+}
+
+/// No credentials at all: RabbitMQ's bare 401, which makes a browser ask
+/// for them.
+fn credentials_wanted() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(WWW_AUTHENTICATE, "Basic realm=\"RabbitMQ Management\"")],
+    )
+        .into_response()
+}
+
+impl Caller {
+    fn authenticate(parts: &Parts, state: &Arc<ManagementState>) -> Result<Self, ApiError> {
         let (user, password) =
-            basic_credentials(parts).ok_or_else(|| ApiError::unauthorized("Not_Authorized"))?;
+            basic_credentials(parts).ok_or_else(|| ApiError::unauthorized("Login failed"))?;
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()

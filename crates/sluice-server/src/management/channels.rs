@@ -9,10 +9,11 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use super::auth::Caller;
-use super::connections::visible;
+use super::connections::visible_to;
 use super::error::{ApiError, ApiResult};
 use super::json::table_to_json;
 use super::list_query::ListQuery;
+use super::peers::cluster_activity;
 use super::rates::{message_stats, RateKey};
 use super::ManagementState;
 use crate::connection_registry::{ChannelCounts, ConnectionSnapshot};
@@ -65,12 +66,11 @@ pub fn channel_json(
     })
 }
 
-/// Every channel the caller may see, with its connection.
-fn visible_channels(
-    state: &ManagementState,
-    caller: &Caller,
-) -> Vec<(ConnectionSnapshot, ChannelCounts)> {
-    visible(state, caller)
+/// Every channel of this node, with its connection.
+fn channels_here(state: &ManagementState) -> Vec<(ConnectionSnapshot, ChannelCounts)> {
+    state
+        .connections
+        .snapshots()
         .into_iter()
         .flat_map(|connection| {
             let channels = connection.channels.clone();
@@ -81,50 +81,19 @@ fn visible_channels(
         .collect()
 }
 
-async fn list(
-    State(state): State<Arc<ManagementState>>,
-    caller: Caller,
-    Query(query): Query<ListQuery>,
-) -> ApiResult<Json<Value>> {
-    let channels = visible_channels(&state, &caller)
+/// This node's channels, as the API writes them.
+pub fn local_channels(state: &ManagementState) -> Vec<Value> {
+    channels_here(state)
         .iter()
-        .map(|(connection, channel)| channel_json(&state, connection, channel))
-        .collect();
-    Ok(Json(query.apply(channels)?))
+        .map(|(connection, channel)| channel_json(state, connection, channel))
+        .collect()
 }
 
-async fn list_in_vhost(
-    State(state): State<Arc<ManagementState>>,
-    caller: Caller,
-    Path(vhost): Path<String>,
-    Query(query): Query<ListQuery>,
-) -> ApiResult<Json<Value>> {
-    caller.require_visible_vhost(&vhost)?;
-    let channels = visible_channels(&state, &caller)
-        .iter()
-        .filter(|(connection, _)| connection.identity.vhost == vhost)
-        .map(|(connection, channel)| channel_json(&state, connection, channel))
-        .collect();
-    Ok(Json(query.apply(channels)?))
-}
-
-async fn show(
-    State(state): State<Arc<ManagementState>>,
-    caller: Caller,
-    Path(name): Path<String>,
-) -> ApiResult<Json<Value>> {
-    visible_channels(&state, &caller)
-        .iter()
-        .find(|(connection, channel)| channel_name(connection, channel) == name)
-        .map(|(connection, channel)| Json(channel_json(&state, connection, channel)))
-        .ok_or_else(ApiError::not_found)
-}
-
-fn consumer_list(state: &ManagementState, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
+/// This node's consumers, as the API writes them.
+pub fn local_consumers(state: &ManagementState) -> Vec<Value> {
     let node = state.broker.node().name.to_string();
-    visible_channels(state, caller)
+    channels_here(state)
         .iter()
-        .filter(|(connection, _)| vhost.is_none_or(|vhost| connection.identity.vhost == vhost))
         .flat_map(|(connection, channel)| {
             let identity = &connection.identity;
             let channel_details = json!({
@@ -157,13 +126,80 @@ fn consumer_list(state: &ManagementState, caller: &Caller, vhost: Option<&str>) 
         .collect()
 }
 
+/// The cluster's channels the caller may see.
+async fn visible_channels(state: &ManagementState, caller: &Caller) -> Vec<Value> {
+    cluster_activity(state)
+        .await
+        .channels
+        .into_iter()
+        .filter(|channel| visible_to(caller, channel))
+        .collect()
+}
+
+async fn list(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(query.apply(visible_channels(&state, &caller).await)?))
+}
+
+async fn list_in_vhost(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    caller.require_visible_vhost(&vhost)?;
+    let channels = visible_channels(&state, &caller)
+        .await
+        .into_iter()
+        .filter(|channel| channel["vhost"] == vhost)
+        .collect();
+    Ok(Json(query.apply(channels)?))
+}
+
+async fn show(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    visible_channels(&state, &caller)
+        .await
+        .into_iter()
+        .find(|channel| channel["name"] == name)
+        .map(Json)
+        .ok_or_else(ApiError::not_found)
+}
+
+/// The cluster's consumers the caller may see, of one vhost or all.
+async fn consumer_list(
+    state: &ManagementState,
+    caller: &Caller,
+    vhost: Option<&str>,
+) -> Vec<Value> {
+    cluster_activity(state)
+        .await
+        .consumers
+        .into_iter()
+        .filter(|consumer| {
+            consumer["channel_details"]["user"]
+                .as_str()
+                .is_some_and(|user| caller.sees_user_connections(user))
+                && vhost.is_none_or(|vhost| consumer["queue"]["vhost"] == vhost)
+        })
+        .collect()
+}
+
 /// Consumers are sorted by their tag, as they have no name.
 async fn consumers(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(query.apply(consumer_list(&state, &caller, None))?))
+    Ok(Json(
+        query.apply(consumer_list(&state, &caller, None).await)?,
+    ))
 }
 
 async fn consumers_in_vhost(
@@ -173,9 +209,7 @@ async fn consumers_in_vhost(
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
     caller.require_visible_vhost(&vhost)?;
-    Ok(Json(query.apply(consumer_list(
-        &state,
-        &caller,
-        Some(&vhost),
-    ))?))
+    Ok(Json(query.apply(
+        consumer_list(&state, &caller, Some(&vhost)).await,
+    )?))
 }

@@ -15,10 +15,10 @@ use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 
 use super::auth::Caller;
-use super::channels::channel_json;
 use super::error::{ApiError, ApiResult};
 use super::json::table_to_json;
 use super::list_query::ListQuery;
+use super::peers::{close_connection, cluster_activity};
 use super::rates::{with_rate, RateKey};
 use super::ManagementState;
 use crate::connection_registry::ConnectionSnapshot;
@@ -34,16 +34,23 @@ pub fn routes() -> Router<Arc<ManagementState>> {
         .route("/api/vhosts/{vhost}/connections", get(list_in_vhost))
 }
 
-/// The connections the caller may see: monitors all, others their own.
-pub fn visible(state: &ManagementState, caller: &Caller) -> Vec<ConnectionSnapshot> {
+/// This node's connections, as the API writes them.
+pub fn local_connections(state: &ManagementState) -> Vec<Value> {
     state
         .connections
         .snapshots()
-        .into_iter()
-        .filter(|connection| caller.sees_user_connections(&connection.identity.user))
+        .iter()
+        .map(|connection| connection_json(state, connection))
         .collect()
 }
 
+/// Whether the caller sees an item (a connection, a channel) of the user
+/// its `user` field names: monitors see all, others their own.
+pub fn visible_to(caller: &Caller, item: &Value) -> bool {
+    item["user"]
+        .as_str()
+        .is_some_and(|user| caller.sees_user_connections(user))
+}
 pub fn connection_json(state: &ManagementState, connection: &ConnectionSnapshot) -> Value {
     let identity = &connection.identity;
     let rates = state
@@ -110,9 +117,11 @@ async fn list(
     caller: Caller,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let connections = visible(&state, &caller)
-        .iter()
-        .map(|connection| connection_json(&state, connection))
+    let connections = cluster_activity(&state)
+        .await
+        .connections
+        .into_iter()
+        .filter(|connection| visible_to(&caller, connection))
         .collect();
     Ok(Json(query.apply(connections)?))
 }
@@ -124,20 +133,32 @@ async fn list_in_vhost(
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
     caller.require_visible_vhost(&vhost)?;
-    let connections = visible(&state, &caller)
-        .iter()
-        .filter(|connection| connection.identity.vhost == vhost)
-        .map(|connection| connection_json(&state, connection))
+    let connections = cluster_activity(&state)
+        .await
+        .connections
+        .into_iter()
+        .filter(|connection| visible_to(&caller, connection) && connection["vhost"] == vhost)
         .collect();
     Ok(Json(query.apply(connections)?))
 }
 
-/// The connection named `name` that the caller may see.
-fn find(state: &ManagementState, caller: &Caller, name: &str) -> ApiResult<ConnectionSnapshot> {
-    visible(state, caller)
+/// The connection named `name`, anywhere in the cluster, if the caller may
+/// see it: 404 when there is none, RabbitMQ's 401 when it is another
+/// user's.
+async fn find(state: &ManagementState, caller: &Caller, name: &str) -> ApiResult<Value> {
+    let connection = cluster_activity(state)
+        .await
+        .connections
         .into_iter()
-        .find(|connection| connection.identity.name() == name)
-        .ok_or_else(ApiError::not_found)
+        .find(|connection| connection["name"] == name)
+        .ok_or_else(ApiError::not_found)?;
+    if visible_to(caller, &connection) {
+        Ok(connection)
+    } else {
+        Err(ApiError::not_allowed(
+            "User not authorised to access object",
+        ))
+    }
 }
 
 async fn show(
@@ -145,8 +166,7 @@ async fn show(
     caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let connection = find(&state, &caller, &name)?;
-    Ok(Json(connection_json(&state, &connection)))
+    Ok(Json(find(&state, &caller, &name).await?))
 }
 
 async fn channels_of(
@@ -155,33 +175,38 @@ async fn channels_of(
     Path(name): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let connection = find(&state, &caller, &name)?;
-    let channels = connection
+    find(&state, &caller, &name).await?;
+    let channels = cluster_activity(&state)
+        .await
         .channels
-        .iter()
-        .map(|channel| channel_json(&state, &connection, channel))
+        .into_iter()
+        .filter(|channel| channel["connection_details"]["name"] == name)
         .collect();
     Ok(Json(query.apply(channels)?))
 }
 
-/// Closes the connection, as RabbitMQ does: a connection already gone is
-/// no error (204 either way).
+/// Closes the connection, on whichever node it is. Monitoring users see
+/// every connection but close only their own, as in RabbitMQ.
 async fn close(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let Ok(connection) = find(&state, &caller, &name) else {
-        return Ok(StatusCode::NO_CONTENT);
-    };
+    let connection = find(&state, &caller, &name).await?;
+    if !caller.is_administrator() && connection["user"] != caller.user.as_str() {
+        return Err(ApiError::not_allowed(
+            "User not authorised to access object",
+        ));
+    }
     let reason = headers
         .get("x-reason")
         .and_then(|value| value.to_str().ok())
         .unwrap_or(DEFAULT_CLOSE_REASON);
     tracing::info!(connection = %name, %reason, by = %caller.user, "closing a connection through the management API");
-    state
-        .connections
-        .force_close(connection.connection_id, reason);
-    Ok(StatusCode::NO_CONTENT)
+    if close_connection(&state, &name, reason).await {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found())
+    }
 }

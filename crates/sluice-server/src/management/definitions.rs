@@ -39,8 +39,19 @@ fn is_builtin_exchange(name: &str) -> bool {
 /// what a client declared (exclusive queues, owned by a connection, and
 /// the built-in exchanges are left out, as RabbitMQ leaves them out).
 fn topology(vhost: &VirtualHost) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
-    let exchanges = vhost
-        .exchanges()
+    let mut exchanges_here = vhost.exchanges();
+    exchanges_here.sort_by(|left, right| left.name.cmp(&right.name));
+    let mut queues_here = vhost.queues();
+    queues_here.sort_by(|left, right| left.name().cmp(right.name()));
+    let mut bindings_here = vhost.bindings();
+    bindings_here.sort_by(|(left_source, left), (right_source, right)| {
+        (left_source, left.destination.name(), &left.routing_key).cmp(&(
+            right_source,
+            right.destination.name(),
+            &right.routing_key,
+        ))
+    });
+    let exchanges = exchanges_here
         .iter()
         .filter(|exchange| !is_builtin_exchange(&exchange.name))
         .map(|exchange| {
@@ -55,8 +66,7 @@ fn topology(vhost: &VirtualHost) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
             })
         })
         .collect();
-    let queues = vhost
-        .queues()
+    let queues = queues_here
         .iter()
         .filter(|queue| queue.options().exclusive_owner.is_none())
         .map(|queue| {
@@ -70,8 +80,7 @@ fn topology(vhost: &VirtualHost) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
             })
         })
         .collect();
-    let bindings = vhost
-        .bindings()
+    let bindings = bindings_here
         .iter()
         .filter(|(source, _)| !source.is_empty())
         .map(|(source, binding)| {
@@ -100,7 +109,10 @@ async fn export(
     let access = state.broker.access.snapshot();
     let mut vhosts = Vec::new();
     let (mut exchanges, mut queues, mut bindings) = (Vec::new(), Vec::new(), Vec::new());
-    for vhost in state.broker.vhosts() {
+    // Sorted: the same definitions export the same way on every node.
+    let mut all_vhosts = state.broker.vhosts();
+    all_vhosts.sort_by(|left, right| left.name.cmp(&right.name));
+    for vhost in all_vhosts {
         vhosts.push(json!({"name": vhost.name.as_ref(), "limits": [], "metadata": {"description": "", "tags": []}}));
         let (vhost_exchanges, vhost_queues, vhost_bindings) = topology(&vhost);
         exchanges.extend(vhost_exchanges);

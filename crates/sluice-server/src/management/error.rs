@@ -124,8 +124,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error": self.error, "reason": self.reason});
         let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            // Browsers and curl ask for credentials on this, as with RabbitMQ.
+        if self.error == "not_authorized" {
+            // A failed login: browsers ask for credentials again, as with
+            // RabbitMQ (a refusal of a logged-in user does not ask).
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"RabbitMQ Management\""),

@@ -131,7 +131,8 @@ async fn declare(
         name,
         kind: body.text("type")?.unwrap_or("direct"),
         passive: false,
-        durable: body.flag("durable", true)?,
+        // As RabbitMQ: a body that does not say is a transient exchange.
+        durable: body.flag("durable", false)?,
         auto_delete: body.flag("auto_delete", false)?,
         internal: body.flag("internal", false)?,
         arguments: body.arguments()?,

@@ -29,6 +29,7 @@ pub mod health;
 pub mod json;
 pub mod list_query;
 pub mod overview;
+pub mod peers;
 pub mod publish;
 pub mod queue_ops;
 pub mod queues;
@@ -39,8 +40,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::DefaultBodyLimit;
-use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::Uri;
+use axum::{Router, ServiceExt};
 use sluice_core::broker::Broker;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -79,6 +81,8 @@ pub struct ManagementState {
     pub connection_max: usize,
     pub quorum_groups: RunningGroups,
     pub rates: rates::RateSampler,
+    /// The way to the other nodes' connections; None in a cluster of one.
+    pub peers: Option<Arc<peers::PeerQueries>>,
 }
 
 /// Binds the API's listener; None when its default port was taken.
@@ -101,7 +105,10 @@ pub fn serve(
         let stopped = async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         };
-        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        // Routed without a trailing slash: clients write `/api/connections/`
+        // too (amqp091-go's tests do), and RabbitMQ takes both.
+        let service = tower::util::MapRequest::new(router, without_trailing_slash)
+            .into_make_service_with_connect_info::<SocketAddr>();
         if let Err(error) = axum::serve(listener, service)
             .with_graceful_shutdown(stopped)
             .await
@@ -111,6 +118,21 @@ pub fn serve(
         sampler.abort();
     });
     Ok((address, task))
+}
+
+fn without_trailing_slash(mut request: Request) -> Request {
+    let path = request.uri().path();
+    if path.len() > 1 && path.ends_with('/') {
+        let trimmed = path.trim_end_matches('/');
+        let rewritten = match request.uri().query() {
+            Some(query) => format!("{trimmed}?{query}"),
+            None => trimmed.to_owned(),
+        };
+        if let Ok(uri) = rewritten.parse::<Uri>() {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
 }
 
 fn router(state: Arc<ManagementState>) -> Router {
@@ -124,6 +146,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(access::routes())
         .merge(definitions::routes())
         .merge(health::routes())
+        .fallback(|| async { error::ApiError::not_found() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

@@ -61,13 +61,14 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         }
     }
     let rates = state.rates.rates(&RateKey::Node);
-    let connections: Vec<_> = state
-        .connections
-        .snapshots()
-        .into_iter()
-        .filter(|connection| caller.sees_user_connections(&connection.identity.user))
-        .collect();
-    let channels: usize = connections.iter().map(|c| c.channels.len()).sum();
+    let activity = super::peers::cluster_activity(&state).await;
+    let visible = |items: &[Value]| {
+        items
+            .iter()
+            .filter(|item| super::connections::visible_to(&caller, item))
+            .count()
+    };
+    let (connections, channels) = (visible(&activity.connections), visible(&activity.channels));
     let mut queue_totals = Map::new();
     with_rate(
         &mut queue_totals,
@@ -125,7 +126,7 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         "queue_totals": queue_totals,
         "object_totals": {
             "channels": channels,
-            "connections": connections.len(),
+            "connections": connections,
             "consumers": consumers,
             "exchanges": exchanges,
             "queues": queues,

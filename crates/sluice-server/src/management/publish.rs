@@ -214,6 +214,10 @@ fn properties_to_json(properties: &AMQPProperties) -> Value {
     if let Some(headers) = properties.headers() {
         json.insert("headers".into(), table_to_json(headers));
     }
+    // RabbitMQ writes no properties as an empty list.
+    if json.is_empty() {
+        return Value::Array(Vec::new());
+    }
     Value::Object(json)
 }
 

@@ -221,7 +221,8 @@ async fn declare(
     let declaration = QueueDeclaration {
         name: &name,
         passive: false,
-        durable: body.flag("durable", true)?,
+        // As RabbitMQ: a body that does not say is a transient queue.
+        durable: body.flag("durable", false)?,
         exclusive: false,
         auto_delete: body.flag("auto_delete", false)?,
         arguments: body.arguments()?,
