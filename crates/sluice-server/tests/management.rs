@@ -481,6 +481,41 @@ async fn management_api_users_vhosts_and_permissions_reach_amqp_logins() {
         .await
         .expect("the new user logs in");
     assert!(connection.status().connected());
+    // A limit set through the API holds for AMQP clients.
+    let limited = request(
+        &server,
+        "PUT",
+        "/api/vhost-limits/staging/max-queues",
+        GUEST,
+        Some(json!({"value": 1})),
+        None,
+    )
+    .await;
+    assert_eq!(limited.status, 204, "{}", limited.body);
+    assert_eq!(
+        get(&server, "/api/vhost-limits/staging").await,
+        json!([{"vhost": "staging", "value": {"max-queues": 1}}])
+    );
+    let channel = connection.create_channel().await.unwrap();
+    declare(&channel, "first").await;
+    let second = channel
+        .queue_declare("second".into(), Default::default(), Default::default())
+        .await;
+    assert_eq!(amqp_error(second).0, 406);
+    let topic = request(
+        &server,
+        "PUT",
+        "/api/topic-permissions/staging/deployer",
+        GUEST,
+        Some(json!({"exchange": "amq.topic", "write": "^deploy\\.", "read": ".*"})),
+        None,
+    )
+    .await;
+    assert_eq!(topic.status, 201);
+    assert_eq!(
+        get(&server, "/api/topic-permissions/staging/deployer").await[0]["write"],
+        "^deploy\\."
+    );
     // Its management view holds its own vhost only.
     let vhosts = request(
         &server,

@@ -14,7 +14,7 @@ async fn logging_to_a_file_with_the_console_off() {
     std::fs::write(
         &config,
         format!(
-            "log.file = {}\nlog.file.level = info\nlog.console = false\nmanagement.tcp.port = 15672\n",
+            "log.file = {}\nlog.file.level = info\nlog.console = false\ncluster_partition_handling = pause_minority\n",
             log.display()
         ),
     )
@@ -36,7 +36,7 @@ async fn logging_to_a_file_with_the_console_off() {
     let written = std::fs::read_to_string(&log).unwrap();
     assert!(written.contains("starting sluice"), "{written}");
     assert!(
-        written.contains("'management.tcp.port' is accepted but does nothing in Sluice"),
+        written.contains("'cluster_partition_handling' is accepted but does nothing in Sluice"),
         "{written}"
     );
     assert!(written.contains("stopped"), "{written}");

@@ -13,7 +13,7 @@
 //! - [`error`], [`list_query`], [`json`]: the shapes every endpoint shares.
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
-//!   permissions), [`definitions`], [`health`].
+//!   permissions), [`limits_and_topics`], [`definitions`], [`health`].
 
 pub mod access;
 pub mod auth;
@@ -27,6 +27,7 @@ pub mod error;
 pub mod exchanges;
 pub mod health;
 pub mod json;
+pub mod limits_and_topics;
 pub mod list_query;
 pub mod overview;
 pub mod peers;
@@ -144,6 +145,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(queues::routes())
         .merge(bindings::routes())
         .merge(access::routes())
+        .merge(limits_and_topics::routes())
         .merge(definitions::routes())
         .merge(health::routes())
         .fallback(|| async { error::ApiError::not_found() })

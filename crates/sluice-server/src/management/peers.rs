@@ -38,6 +38,10 @@ const PENDING_MAX: usize = 1024;
 /// An answer's size at most (a node with a great many connections).
 const ANSWER_BYTES_MAX: usize = 256 * 1024 * 1024;
 
+/// Peers' queries answered at once at most; one past it is dropped (its
+/// asker times out and lists without this node) rather than queued.
+const ANSWERING_MAX: usize = 16;
+
 const REQUEST: u8 = 0;
 const ANSWER_PART: u8 = 1;
 /// Tag, id, last-part flag.
@@ -271,6 +275,7 @@ fn close_local_connection(state: &ManagementState, name: &str, reason: &str) -> 
 /// the links stop.
 pub fn serve(state: Arc<ManagementState>, links: Arc<Links>) {
     let mut frames = links.subscribe(MANAGEMENT_CHANNEL);
+    let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING_MAX));
     tokio::spawn(async move {
         while let Some(Received { from, payload, .. }) = frames.recv().await {
             let mut payload = payload;
@@ -284,9 +289,14 @@ pub fn serve(state: Arc<ManagementState>, links: Arc<Links>) {
                         tracing::warn!(peer = %from, "a management query that does not decode");
                         continue;
                     };
+                    let Ok(permit) = Arc::clone(&answering).try_acquire_owned() else {
+                        tracing::warn!(peer = %from, "too many management queries at once: one is dropped");
+                        continue;
+                    };
                     let state = Arc::clone(&state);
                     let links = Arc::clone(&links);
                     tokio::spawn(async move {
+                        let _permit = permit;
                         let answer = match query {
                             PeerQuery::Activity => local_activity(&state).to_json(),
                             PeerQuery::CloseConnection { name, reason } => {
