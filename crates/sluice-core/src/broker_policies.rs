@@ -229,3 +229,7 @@ impl Broker {
             .ok_or_else(|| AmqpError::not_found(format!("vhost '{name}' does not exist")))
     }
 }
+
+#[cfg(test)]
+#[path = "broker_policies_test.rs"]
+mod tests;
