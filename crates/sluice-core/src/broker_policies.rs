@@ -152,6 +152,11 @@ impl Broker {
         let vhost = self.vhost_of_parameter(&json.vhost)?;
         let policy = Policy::from_json(json)
             .map_err(|error| AmqpError::precondition_failed(error.rabbitmq_text()))?;
+        if vhost.policy(&json.name).as_ref() == Some(json) {
+            // Set again as it is (a definitions file read at every start):
+            // nothing changes, as RabbitMQ notifies nobody then.
+            return Ok(());
+        }
         self.next_policy_generation();
         vhost.set_policy(policy)
     }
