@@ -61,9 +61,12 @@ pub(super) fn validate(
         "queues" => Ok(ApplyTo::Queues),
         "exchanges" => Ok(ApplyTo::Exchanges),
         "all" => Ok(ApplyTo::All),
-        other => Err(reasons.push(format!(
-            "apply-to '{other}' unrecognised; should be 'queues', 'exchanges' or 'all'"
-        ))),
+        other => {
+            reasons.push(format!(
+                "apply-to '{other}' unrecognised; should be 'queues', 'exchanges' or 'all'"
+            ));
+            Err(())
+        }
     };
     let parsed_pattern = regex::Regex::new(pattern).map_err(|problem| {
         reasons.push(format!(
@@ -199,9 +202,9 @@ fn check_kept_key(key: &str, value: &serde_json::Value) -> Result<bool, String> 
             invalid("queue leader locator value")
         }
         "stream-max-segment-size-bytes"
-            if !value
+            if value
                 .as_u64()
-                .is_some_and(|size| size <= STREAM_SEGMENT_SIZE_MAX) =>
+                .is_none_or(|size| size > STREAM_SEGMENT_SIZE_MAX) =>
         {
             invalid("segment size")
         }
