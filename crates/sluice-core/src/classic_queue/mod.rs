@@ -98,7 +98,8 @@ pub struct ClassicQueueSpec {
     pub vhost: Arc<str>,
     pub options: QueueOptions,
     /// `x-max-length`, `x-max-length-bytes` and `x-overflow`, from the
-    /// effective arguments (declared, merged with the policy).
+    /// effective arguments (declared, merged with the policy); a policy
+    /// change replaces these and the two below (see `rules`).
     pub limits: QueueLimits,
     /// `x-message-ttl` and `x-expires`, from the effective arguments.
     pub expiry: QueueExpiry,
