@@ -488,4 +488,43 @@ mod tests {
         assert_eq!(file.bindings[0].routing_key, "#");
         assert_eq!(file.exchanges[0].kind, "topic");
     }
+
+    #[test]
+    fn definitions_import_proposes_parameters_and_policies_before_objects() {
+        let text = r##"{
+            "vhosts": [{"name": "/"}],
+            "parameters": [
+                {"vhost": "/", "component": "vhost-limits", "name": "limits",
+                 "value": {"max-queues": 3}},
+                {"vhost": "/", "component": "federation-upstream", "name": "up",
+                 "value": {"uri": "amqp://elsewhere"}}],
+            "global_parameters": [{"name": "cluster_name", "value": "east"}],
+            "policies": [{"vhost": "/", "name": "limit", "pattern": "^q",
+                          "definition": {"max-length": 10}}],
+            "queues": [{"name": "q.1", "vhost": "/", "arguments": {}}]
+        }"##;
+        let path = std::env::temp_dir().join(format!(
+            "sluice-definitions-import-{}.json",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        let loaded = load_definitions(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let operations: Vec<String> = loaded
+            .metadata_commands(&NodeIdentity::new("a@h:1"))
+            .iter()
+            .map(|command| serde_json::to_value(command).unwrap()["op"].to_string())
+            .collect();
+        assert_eq!(
+            operations,
+            [
+                "\"put_vhost\"",
+                "\"set_vhost_limits\"",
+                "\"set_parameter\"",
+                "\"set_global_parameter\"",
+                "\"set_policy\"",
+                "\"declare_queue\""
+            ]
+        );
+    }
 }
