@@ -1,6 +1,6 @@
 //! The node: its virtual hosts and users.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -9,7 +9,6 @@ use crate::access::{AccessControl, FirstStartDefaults, LoginError, LoginThrottle
 use crate::definitions::{DefinitionStore, VhostDefinitions};
 use crate::metadata::MetadataCommand;
 use crate::metadata::{MetadataProposer, NodeIdentity};
-use crate::policy::{Policy, VhostPolicies};
 use crate::queue::ConnectionId;
 use crate::queue_location::QueueLocator;
 use crate::reply_to::ReplyRegistry;
@@ -21,8 +20,6 @@ pub struct BrokerSettings {
     /// Users who may connect only from a loopback address, like RabbitMQ's
     /// `loopback_users` (guest by default).
     pub loopback_users: Vec<String>,
-    /// Policies from the definitions file, for every vhost.
-    pub policies: Vec<Policy>,
     /// This node, as the metadata names it.
     pub node: NodeIdentity,
     /// This node's place in its cluster's sorted member list (0 for a
@@ -50,8 +47,14 @@ pub struct Broker {
     defaults: FirstStartDefaults,
     loopback_users: Vec<String>,
     next_connection_id: AtomicU64,
-    /// Policies by vhost, handed to each vhost when it is created.
-    policies: HashMap<String, VhostPolicies>,
+    /// Counts the policy changes applied, in log order: the same number
+    /// on every node once they applied the same changes, and kept in
+    /// snapshots. A quorum queue's members propose their new rules under
+    /// it, so that its log keeps the newest whichever member's proposal
+    /// comes last (see `QueueMachine::set_config`).
+    policy_generation: Arc<AtomicU64>,
+    /// Global runtime parameters, by name.
+    pub(crate) global_parameters: RwLock<BTreeMap<String, serde_json::Value>>,
     /// Direct reply-to consumers, by the token in their reply names.
     pub reply_to: Arc<ReplyRegistry>,
     queue_locator: QueueLocator,
@@ -68,13 +71,6 @@ impl Broker {
     /// queues and bindings come from the metadata log, which the caller
     /// replays into it (see [`crate::metadata`]).
     pub fn open(settings: &BrokerSettings, store: Option<Arc<DefinitionStore>>) -> Self {
-        let mut by_vhost: HashMap<String, Vec<Policy>> = HashMap::new();
-        for policy in &settings.policies {
-            by_vhost
-                .entry(policy.vhost.clone())
-                .or_default()
-                .push(policy.clone());
-        }
         let broker = Broker {
             vhosts: RwLock::new(HashMap::new()),
             store,
@@ -86,10 +82,8 @@ impl Broker {
             defaults: settings.defaults.clone(),
             loopback_users: settings.loopback_users.clone(),
             next_connection_id: AtomicU64::new((u64::from(settings.node_number) << 48) + 1),
-            policies: by_vhost
-                .into_iter()
-                .map(|(vhost, policies)| (vhost, VhostPolicies::new(policies)))
-                .collect(),
+            policy_generation: Arc::default(),
+            global_parameters: RwLock::default(),
             reply_to: Arc::new(ReplyRegistry::default()),
             queue_locator: settings.queue_locator,
         };
@@ -149,16 +143,15 @@ impl Broker {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(vhosts.entry(name.to_owned()).or_insert_with(|| {
-            let policies = self.policies.get(name).cloned().unwrap_or_default();
             let vhost = VirtualHost::with_services(
                 name,
-                policies,
                 VhostServices {
                     store: self.store.clone(),
                     reply_to: Arc::clone(&self.reply_to),
                     node: self.node.clone(),
                     metadata: Arc::clone(&self.metadata),
                     queue_locator: self.queue_locator,
+                    policy_generation: Arc::clone(&self.policy_generation),
                 },
             );
             if self.starting.load(Ordering::Acquire) {
@@ -212,6 +205,21 @@ impl Broker {
             .login_without_password(name, peer, &self.loopback_users)
     }
 
+    /// How many policy changes this node applied (see the field).
+    pub fn policy_generation(&self) -> u64 {
+        self.policy_generation.load(Ordering::Acquire)
+    }
+
+    /// The next policy change: its generation, for the queues it reaches.
+    pub(crate) fn next_policy_generation(&self) -> u64 {
+        self.policy_generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A snapshot's count of policy changes.
+    pub(crate) fn restore_policy_generation(&self, generation: u64) {
+        self.policy_generation.store(generation, Ordering::Release);
+    }
+
     pub fn next_connection_id(&self) -> ConnectionId {
         self.next_connection_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -226,7 +234,6 @@ mod tests {
         Broker::new(&BrokerSettings {
             defaults,
             loopback_users: vec!["guest".into()],
-            policies: Vec::new(),
             node: NodeIdentity::new(NodeIdentity::STANDALONE),
             node_number: 0,
             queue_locator: Default::default(),

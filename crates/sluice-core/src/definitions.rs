@@ -15,6 +15,8 @@ use sluice_store::{GroupCommit, StoreError};
 use crate::access::AccessDefinitions;
 use crate::pager::{Pager, QueueStorage};
 use crate::paging::StoreSettings;
+use crate::policy::PolicyJson;
+use crate::runtime_parameters::{GlobalParameterJson, ParameterJson};
 
 /// Where the single-node versions kept the definitions.
 const LEGACY_DEFINITIONS_FILE: &str = "definitions.json";
@@ -30,6 +32,14 @@ pub struct Definitions {
     /// before the metadata log held them.
     #[serde(default)]
     pub access: AccessDefinitions,
+    /// Global runtime parameters; absent from snapshots written before the
+    /// metadata log held them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub global_parameters: Vec<GlobalParameterJson>,
+    /// Counts the policy changes applied (see
+    /// [`crate::broker::Broker::policy_generation`]).
+    #[serde(default)]
+    pub policy_generation: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -37,6 +47,14 @@ pub struct VhostDefinitions {
     pub exchanges: Vec<ExchangeDefinition>,
     pub queues: Vec<QueueDefinition>,
     pub bindings: Vec<BindingDefinition>,
+    /// As they were given, in name order; absent from snapshots written
+    /// before the metadata log held them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<PolicyJson>,
+    /// Runtime parameters but `vhost-limits` (kept with the access
+    /// definitions), by component and name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<ParameterJson>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

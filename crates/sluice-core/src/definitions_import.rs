@@ -2,13 +2,13 @@
 //! the management UI write), loaded at start from the file the
 //! `load_definitions` key names.
 //!
-//! Sluice reads its `vhosts`, `users`, `permissions`, vhost limits (in
-//! `parameters`), `topic_permissions`, `policies`, `exchanges`, `queues`
-//! and `bindings` sections; the others (global parameters, ...) are
-//! not acted on and are named in the log. Policies shape how objects behave
-//! from their creation on, so they are handed to the broker before anything
-//! is recovered or declared; the objects are then declared through the
-//! metadata log like a client would, once the node has caught up with it.
+//! Sluice reads its `vhosts`, `users`, `permissions`, `topic_permissions`,
+//! `parameters` (vhost limits among them), `global_parameters`,
+//! `policies`, `exchanges`, `queues` and `bindings` sections; the others
+//! are named in the log. Everything it reads becomes metadata changes,
+//! proposed once the node has caught up with the log, as a client or the
+//! management API would make them: policies before the objects they shape,
+//! though a policy set later reaches existing objects too.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +22,7 @@ use crate::access::{
 use crate::definitions::QueueDefinition;
 use crate::metadata::{BindingChange, MetadataCommand, NodeIdentity};
 use crate::policy::{Policy, PolicyError, PolicyJson};
+use crate::runtime_parameters::{GlobalParameterJson, ParameterJson, VHOST_LIMITS_COMPONENT};
 
 /// The sections of a definitions file Sluice reads.
 #[derive(Debug, Default, Deserialize)]
@@ -34,9 +35,12 @@ pub struct DefinitionsFile {
     pub permissions: Vec<PermissionDefinition>,
     #[serde(default)]
     pub topic_permissions: Vec<TopicPermissionDefinition>,
-    /// Runtime parameters; those of component `vhost-limits` are read.
+    /// Runtime parameters; those of component `vhost-limits` are the
+    /// vhosts' limits.
     #[serde(default)]
     pub parameters: Vec<ParameterJson>,
+    #[serde(default)]
+    pub global_parameters: Vec<GlobalParameterJson>,
     #[serde(default)]
     pub policies: Vec<PolicyJson>,
     #[serde(default)]
@@ -93,14 +97,6 @@ impl UserTags {
                 .collect(),
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ParameterJson {
-    pub vhost: String,
-    pub component: String,
-    pub name: String,
-    pub value: serde_json::Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,7 +171,6 @@ pub enum DefinitionsFileError {
 /// validated.
 #[derive(Debug)]
 pub struct LoadedDefinitions {
-    pub policies: Vec<Policy>,
     pub file: DefinitionsFile,
     /// The users as the metadata log carries them.
     pub users: Vec<UserDefinition>,
@@ -190,8 +185,8 @@ impl LoadedDefinitions {
     }
 
     /// The metadata changes that make this file's vhosts, users,
-    /// permissions and limits, then declare its exchanges, queues and
-    /// bindings, in that order. The caller proposes them one by one and
+    /// permissions, limits, runtime parameters and policies, then declare
+    /// its exchanges, queues and bindings, in that order. The caller proposes them one by one and
     /// logs what fails, so one bad entry does not keep the rest from
     /// loading.
     pub fn metadata_commands(&self, node: &NodeIdentity) -> Vec<MetadataCommand> {
@@ -224,6 +219,32 @@ impl LoadedDefinitions {
                 limits: *limits,
             }
         }));
+        commands.extend(
+            self.file
+                .parameters
+                .iter()
+                .filter(|parameter| parameter.component != VHOST_LIMITS_COMPONENT)
+                .map(|parameter| MetadataCommand::SetParameter {
+                    component: parameter.component.clone(),
+                    vhost: parameter.vhost.clone(),
+                    name: parameter.name.clone(),
+                    value: parameter.value.clone(),
+                }),
+        );
+        commands.extend(self.file.global_parameters.iter().map(|parameter| {
+            MetadataCommand::SetGlobalParameter {
+                name: parameter.name.clone(),
+                value: parameter.value.clone(),
+            }
+        }));
+        commands.extend(
+            self.file
+                .policies
+                .iter()
+                .map(|policy| MetadataCommand::SetPolicy {
+                    policy: policy.clone(),
+                }),
+        );
         commands.extend(self.file.metadata_commands(node));
         commands
     }
@@ -290,15 +311,14 @@ pub fn parse_definitions(
             path: path.to_owned(),
             source,
         })?;
-    let policies = file
-        .policies
-        .iter()
-        .map(Policy::from_json)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| DefinitionsFileError::Policy {
+    // Checked here as well as where they are applied: a policy RabbitMQ
+    // would refuse stops the node rather than go missing.
+    for policy in &file.policies {
+        Policy::from_json(policy).map_err(|source| DefinitionsFileError::Policy {
             path: path.to_owned(),
             source,
         })?;
+    }
     let entry_error = |what: String| DefinitionsFileError::Entry {
         path: path.to_owned(),
         what,
@@ -327,13 +347,11 @@ pub fn parse_definitions(
     }
     let mut limits = Vec::new();
     for parameter in &file.parameters {
-        if parameter.component == "vhost-limits" {
+        if parameter.component == VHOST_LIMITS_COMPONENT {
             let parsed = vhost_limits(&parameter.value).map_err(|error| {
                 entry_error(format!("limits of vhost '{}': {error}", parameter.vhost))
             })?;
             limits.push((parameter.vhost.clone(), parsed));
-        } else {
-            tracing::info!(component = %parameter.component, name = %parameter.name, "definitions file: parameter not acted on");
         }
     }
     for section in file.other.keys() {
@@ -344,14 +362,15 @@ pub fn parse_definitions(
         vhosts = file.vhosts.len(),
         users = users.len(),
         permissions = file.permissions.len(),
-        policies = policies.len(),
+        policies = file.policies.len(),
+        parameters = file.parameters.len(),
+        global_parameters = file.global_parameters.len(),
         exchanges = file.exchanges.len(),
         queues = file.queues.len(),
         bindings = file.bindings.len(),
         "loaded definitions file"
     );
     Ok(LoadedDefinitions {
-        policies,
         file,
         users,
         vhost_limits: limits,
@@ -481,5 +500,44 @@ mod tests {
         );
         assert_eq!(file.bindings[0].routing_key, "#");
         assert_eq!(file.exchanges[0].kind, "topic");
+    }
+
+    #[test]
+    fn definitions_import_proposes_parameters_and_policies_before_objects() {
+        let text = r##"{
+            "vhosts": [{"name": "/"}],
+            "parameters": [
+                {"vhost": "/", "component": "vhost-limits", "name": "limits",
+                 "value": {"max-queues": 3}},
+                {"vhost": "/", "component": "federation-upstream", "name": "up",
+                 "value": {"uri": "amqp://elsewhere"}}],
+            "global_parameters": [{"name": "cluster_name", "value": "east"}],
+            "policies": [{"vhost": "/", "name": "limit", "pattern": "^q",
+                          "definition": {"max-length": 10}}],
+            "queues": [{"name": "q.1", "vhost": "/", "arguments": {}}]
+        }"##;
+        let path = std::env::temp_dir().join(format!(
+            "sluice-definitions-import-{}.json",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        let loaded = load_definitions(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let operations: Vec<String> = loaded
+            .metadata_commands(&NodeIdentity::new("a@h:1"))
+            .iter()
+            .map(|command| serde_json::to_value(command).unwrap()["op"].to_string())
+            .collect();
+        assert_eq!(
+            operations,
+            [
+                "\"put_vhost\"",
+                "\"set_vhost_limits\"",
+                "\"set_parameter\"",
+                "\"set_global_parameter\"",
+                "\"set_policy\"",
+                "\"declare_queue\""
+            ]
+        );
     }
 }

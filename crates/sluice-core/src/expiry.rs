@@ -60,8 +60,9 @@ pub fn instant_of(deadline_us: u64) -> Instant {
     epoch() + Duration::from_micros(deadline_us)
 }
 
-/// What a queue does with time, read once from its effective arguments
-/// (declared merged with policy; validated, so reading cannot fail).
+/// What a queue does with time, read from its effective arguments when it
+/// is made and when a policy changes them (declared merged with policy;
+/// validated, so reading cannot fail).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueExpiry {
     /// `x-message-ttl`: how long a message may wait in the queue.

@@ -2,6 +2,8 @@
 //! `sluice-store` (journals of durable queues, definitions).
 //!
 //! - [`broker`]: the node's vhosts and users, and authentication.
+//! - [`broker_policies`]: policies and runtime parameters as the metadata
+//!   log sets them, and as the management API reads them.
 //! - [`vhost`]: one virtual host: exchanges, queues, bindings, the routing walk.
 //! - [`exchange`]: binding tables and matchers for each exchange kind.
 //! - [`queue`]: the queue interface every kind implements, consumers and
@@ -31,13 +33,16 @@
 //! - [`dead_letter`]: dead-lettered copies, their x-death history, cycles.
 //! - [`message`]: a published message as queues hold it.
 //! - [`arguments`]: declaration arguments: validation, equivalence, printing.
-//! - [`policy`]: policies by name pattern, and the effective arguments they give.
+//! - [`policy`]: policies by name pattern, their validation, and the
+//!   effective arguments they give.
+//! - [`runtime_parameters`]: runtime parameters, per vhost and global.
 //! - [`reply_to`]: direct reply-to consumers and their tokens.
 //! - [`error`]: errors carrying the AMQP reply a client expects.
 
 pub mod access;
 pub mod arguments;
 pub mod broker;
+pub mod broker_policies;
 pub mod classic_queue;
 pub mod confirm;
 pub mod counters;
@@ -65,6 +70,7 @@ pub mod quorum_queue;
 pub mod ready;
 pub mod remote_queue;
 pub mod reply_to;
+pub mod runtime_parameters;
 pub mod segment_liveness;
 pub mod sender_selected;
 pub mod vhost;

@@ -9,6 +9,7 @@ use crate::access::DefaultAccess;
 use crate::broker::Broker;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::Destination;
+use crate::runtime_parameters::ParameterJson;
 use crate::vhost::{ExchangeDeclaration, VirtualHost};
 
 use crate::metadata::{BindingChange, MetadataCommand, MetadataReply};
@@ -107,6 +108,8 @@ impl Broker {
                 self.add_vhost(&name);
                 Ok(())
             }
+            // Its policies and parameters go with it; its limits with the
+            // access control's view of it.
             MetadataCommand::DeleteVhost { name } => {
                 self.existing_vhost(&name)?;
                 self.remove_vhost(&name);
@@ -140,6 +143,30 @@ impl Broker {
                 self.existing_vhost(&vhost)?;
                 self.access.set_vhost_limits(&vhost, limits);
                 Ok(())
+            }
+            MetadataCommand::SetPolicy { policy } => self.apply_set_policy(&policy),
+            MetadataCommand::ClearPolicy { vhost, name } => self.apply_clear_policy(&vhost, &name),
+            MetadataCommand::SetParameter {
+                component,
+                vhost,
+                name,
+                value,
+            } => self.apply_set_parameter(ParameterJson {
+                vhost,
+                component,
+                name,
+                value,
+            }),
+            MetadataCommand::ClearParameter {
+                component,
+                vhost,
+                name,
+            } => self.apply_clear_parameter(&component, &vhost, &name),
+            MetadataCommand::SetGlobalParameter { name, value } => {
+                self.apply_set_global_parameter(&name, value)
+            }
+            MetadataCommand::ClearGlobalParameter { name } => {
+                self.apply_clear_global_parameter(&name)
             }
         }
     }

@@ -14,6 +14,8 @@ impl Broker {
                 .insert(vhost.name.to_string(), vhost.definitions());
         }
         definitions.access = self.access.snapshot();
+        definitions.global_parameters = self.global_parameter_list();
+        definitions.policy_generation = self.policy_generation();
         definitions
     }
 
@@ -21,6 +23,9 @@ impl Broker {
     /// from a snapshot, or one that fell behind and was sent one. A vhost
     /// the snapshot does not have was deleted meanwhile.
     pub fn restore_metadata(&self, definitions: &Definitions) {
+        // First: the queues restored below propose their rules under it.
+        self.restore_policy_generation(definitions.policy_generation);
+        self.restore_global_parameters(&definitions.global_parameters);
         for (name, vhost_definitions) in &definitions.vhosts {
             self.add_vhost(name).restore(vhost_definitions);
         }
@@ -46,7 +51,6 @@ mod tests {
         Broker::new(&BrokerSettings {
             defaults: Default::default(),
             loopback_users: Vec::new(),
-            policies: Vec::new(),
             node: NodeIdentity::new(name),
             node_number: 0,
             queue_locator: Default::default(),

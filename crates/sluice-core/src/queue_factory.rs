@@ -33,6 +33,9 @@ pub struct QueueSpec<'a> {
     pub store_id: Option<String>,
     /// The node's consensus, for a quorum queue's member.
     pub quorum_groups: Option<&'a Arc<dyn QuorumGroups>>,
+    /// The node's count of policy changes when the queue is made: a quorum
+    /// queue proposes its policy's rules under it.
+    pub policy_generation: u64,
 }
 
 /// Why a queue could not be made.
@@ -86,6 +89,7 @@ fn create_quorum(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError
             dir: store.queue_dir(&store_id),
             store_id,
             effective_arguments: spec.effective_arguments.clone(),
+            policy_generation: spec.policy_generation,
             host: spec.host,
             members,
             preferred_leader,

@@ -1,8 +1,9 @@
 //! Queue length limits (`x-max-length`, `x-max-length-bytes`, `x-overflow`),
-//! read once when the queue is created from its effective arguments: the
-//! declaration's, merged with its policy's (see [`crate::policy`]).
-//! The arguments were validated by [`crate::arguments::check_queue_arguments`]
-//! (and policy values when the policy was loaded), so reading cannot fail.
+//! read from the queue's effective arguments when it is created and again
+//! when a policy changes them: the declaration's, merged with its policy's
+//! (see [`crate::policy`]). The arguments were validated by
+//! [`crate::arguments::check_queue_arguments`] (and policy values when the
+//! policy was set), so reading cannot fail.
 
 use amq_protocol::types::FieldTable;
 

@@ -429,7 +429,7 @@ struct OpenNode {
 /// file applied.
 async fn open_node(
     config: &Config,
-    mut loaded: Option<LoadedDefinitions>,
+    loaded: Option<LoadedDefinitions>,
     membership: Option<Membership>,
     cluster_listener: Option<TcpListener>,
     (store, confirm_progress): (&Arc<DefinitionStore>, &Arc<watch::Sender<u64>>),
@@ -453,7 +453,6 @@ async fn open_node(
     let whole_cluster = members.len() == 1;
     let broker = Arc::new(open_broker(
         config,
-        loaded.as_mut(),
         store,
         NodeIdentity::new(local.as_str()),
         u16::try_from(node_number).expect("at most CLUSTER_NODES_MAX members"),
@@ -714,11 +713,11 @@ fn open_store(config: &Config, memory_watermark_bytes: u64) -> Result<NodeStorag
     Ok((group_commit, confirm_progress, store))
 }
 
-/// The node's broker: its users and vhosts, with the policies of a loaded
-/// definitions file; empty until the metadata log is replayed into it.
+/// The node's broker: empty until the metadata log is replayed into it
+/// (policies included: a loaded definitions file's are proposed to the
+/// log, with its other sections, once the node caught up).
 fn open_broker(
     config: &Config,
-    loaded: Option<&mut LoadedDefinitions>,
     store: &Arc<DefinitionStore>,
     node: NodeIdentity,
     node_number: u16,
@@ -735,9 +734,6 @@ fn open_broker(
                 read: config.default_permissions.read.clone(),
             },
             loopback_users: config.loopback_users.clone(),
-            policies: loaded
-                .map(|loaded| std::mem::take(&mut loaded.policies))
-                .unwrap_or_default(),
             node,
             node_number,
             queue_locator: config.queue_leader_locator,

@@ -1,5 +1,5 @@
-//! Policies and definitions loaded from the file `load_definitions` names,
-//! in RabbitMQ's JSON format.
+//! Policies: loaded from the file `load_definitions` names, in RabbitMQ's
+//! JSON format, and set and cleared at runtime through the metadata log.
 
 mod helpers;
 mod support;
@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use helpers::*;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::AMQPValue;
+use sluice_core::metadata::MetadataCommand;
+use sluice_core::policy::PolicyJson;
 use support::TestServer;
 
 /// A definitions file in the temporary directory, removed when dropped.
@@ -173,4 +175,178 @@ async fn policies_invalid_file_stops_the_node_from_starting() {
         let source = std::error::Error::source(&error).map(|source| source.to_string());
         assert!(source.is_some(), "{error}");
     }
+}
+
+/// A policy in RabbitMQ's JSON shape, for the default vhost.
+fn runtime_policy(name: &str, pattern: &str, apply_to: &str, definition: &str) -> PolicyJson {
+    PolicyJson {
+        vhost: "/".into(),
+        name: name.into(),
+        pattern: pattern.into(),
+        apply_to: apply_to.into(),
+        priority: 0,
+        definition: serde_json::from_str(definition).unwrap(),
+    }
+}
+
+async fn propose(server: &TestServer, command: MetadataCommand) {
+    server
+        .running()
+        .broker
+        .metadata
+        .propose(command)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn policies_set_at_runtime_reach_queues_and_exchanges_that_exist() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "jobs.classic").await;
+    declare_with(
+        &channel,
+        "jobs.quorum",
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        table(&[("x-queue-type", text("quorum"))]),
+    )
+    .await
+    .unwrap();
+    publish_numbers(&channel, "jobs.classic", 10).await;
+    publish_numbers(&channel, "jobs.quorum", 10).await;
+    eventually("the quorum queue holds ten", || {
+        server.queue("jobs.quorum").message_count() == 10
+    })
+    .await;
+
+    let bounded = runtime_policy("bounded", "^jobs\\.", "queues", r#"{"max-length": 3}"#);
+    propose(
+        &server,
+        MetadataCommand::SetPolicy {
+            policy: bounded.clone(),
+        },
+    )
+    .await;
+    // The classic queue dropped its oldest as the change was applied; the
+    // quorum queue once its log carried the new rules.
+    assert_eq!(bodies(&channel, "jobs.classic").await, vec!["8", "9", "10"]);
+    eventually("the quorum queue is cut to three", || {
+        server.queue("jobs.quorum").message_count() == 3
+    })
+    .await;
+    assert_eq!(bodies(&channel, "jobs.quorum").await, vec!["8", "9", "10"]);
+    assert_eq!(
+        server.running().broker.queue_policy("/", "jobs.quorum"),
+        Some(bounded)
+    );
+
+    // An exchange that exists takes its alternate exchange from a policy.
+    channel
+        .exchange_declare(
+            "orders".into(),
+            lapin::ExchangeKind::Direct,
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    declare(&channel, "leftovers").await;
+    channel
+        .queue_bind(
+            "leftovers".into(),
+            "amq.fanout".into(),
+            "".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    publish(&channel, "orders", "nobody", b"lost").await;
+    // A basic.get on the same channel: the publish was routed before it.
+    assert_eq!(bodies(&channel, "leftovers").await, Vec::<String>::new());
+    let alternate = runtime_policy(
+        "orders-ae",
+        "^orders$",
+        "exchanges",
+        r#"{"alternate-exchange": "amq.fanout"}"#,
+    );
+    propose(&server, MetadataCommand::SetPolicy { policy: alternate }).await;
+    publish(&channel, "orders", "nobody", b"kept").await;
+    assert_eq!(bodies(&channel, "leftovers").await, vec!["kept"]);
+
+    // Cleared: the queues take what they are sent again.
+    propose(
+        &server,
+        MetadataCommand::ClearPolicy {
+            vhost: "/".into(),
+            name: "bounded".into(),
+        },
+    )
+    .await;
+    publish_numbers(&channel, "jobs.classic", 5).await;
+    assert_eq!(bodies(&channel, "jobs.classic").await.len(), 5);
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn policies_set_at_runtime_survive_a_restart_and_apply_to_new_messages_only() {
+    let server = TestServer::start().await;
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "events").await;
+    publish(&channel, "", "events", b"before").await;
+    // A redeclaration on the same channel: the publish went in before it.
+    declare(&channel, "events").await;
+    // A TTL of 0: a message nobody waits for expires as it arrives.
+    let fleeting = runtime_policy("fleeting", "^events$", "queues", r#"{"message-ttl": 0}"#);
+    propose(
+        &server,
+        MetadataCommand::SetPolicy {
+            policy: fleeting.clone(),
+        },
+    )
+    .await;
+    publish(&channel, "", "events", b"during").await;
+    assert_eq!(bodies(&channel, "events").await, vec!["before"]);
+    connection.close(200, "bye".into()).await.unwrap();
+
+    let server = server.restart().await;
+    assert_eq!(
+        server.running().broker.policies(),
+        vec![fleeting],
+        "the policy came back from the metadata log"
+    );
+    let (connection, channel) = open(&server).await;
+    declare(&channel, "events").await;
+    publish(&channel, "", "events", b"after restart").await;
+    assert_eq!(bodies(&channel, "events").await, Vec::<String>::new());
+    propose(
+        &server,
+        MetadataCommand::ClearPolicy {
+            vhost: "/".into(),
+            name: "fleeting".into(),
+        },
+    )
+    .await;
+    publish(&channel, "", "events", b"kept").await;
+    assert_eq!(bodies(&channel, "events").await, vec!["kept"]);
+    // A refused change answers with RabbitMQ's text.
+    let refused = server
+        .running()
+        .broker
+        .metadata
+        .propose(MetadataCommand::SetPolicy {
+            policy: runtime_policy("bad", "^x", "queues", r#"{"max-length": "ten"}"#),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.text,
+        "Validation failed\n\n<<\"ten\">> is not a valid maximum length\n"
+    );
+    connection.close(200, "bye".into()).await.unwrap();
+    server.stop().await;
 }

@@ -79,7 +79,7 @@ impl ClassicQueue {
             Self::promote_next_active(&mut state.consumers);
         }
         self.update_congestion(&mut state);
-        if let Some(expires) = self.expiry.expires_us {
+        if let Some(expires) = state.rules.expiry.expires_us {
             if state.consumers.is_empty() {
                 // Unused from now: x-expires counts from the last consumer.
                 state.used_at_us = now_us();

@@ -136,7 +136,7 @@ impl ClassicQueue {
     /// and it is not the path that throughput depends on.
     pub(super) fn get_head(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let mut state = self.lock();
-        if self.expiry.expires_us.is_some() {
+        if state.rules.expiry.expires_us.is_some() {
             state.used_at_us = now_us();
         }
         if state.ready.is_priority() && !state.paged.is_empty() {

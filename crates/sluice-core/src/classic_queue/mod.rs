@@ -13,6 +13,8 @@
 //!   deletion; `consumers`: registration and single active consumer.
 //! - `flow`: congestion; `timers`: TTL and `x-expires`; `read_ahead` and
 //!   `compaction`: the pager's work.
+//! - `rules`: limits, TTL, expiry and dead-lettering, from the effective
+//!   arguments, and a policy change applied to a live queue.
 
 mod compaction;
 mod consumers;
@@ -20,6 +22,7 @@ mod dispatch;
 mod flow;
 mod publish;
 mod read_ahead;
+mod rules;
 mod settle;
 mod state;
 mod timers;
@@ -46,6 +49,7 @@ use crate::queue_limits::QueueLimits;
 use crate::queue_timer::TimedWork;
 use crate::queue_type::QueueType;
 use crate::ready::ReadyMessages;
+use rules::QueueRules;
 use state::QueueState;
 
 /// The queue argument that turns single active consumer on.
@@ -94,7 +98,8 @@ pub struct ClassicQueueSpec {
     pub vhost: Arc<str>,
     pub options: QueueOptions,
     /// `x-max-length`, `x-max-length-bytes` and `x-overflow`, from the
-    /// effective arguments (declared, merged with the policy).
+    /// effective arguments (declared, merged with the policy); a policy
+    /// change replaces these and the two below (see `rules`).
     pub limits: QueueLimits,
     /// `x-message-ttl` and `x-expires`, from the effective arguments.
     pub expiry: QueueExpiry,
@@ -117,7 +122,6 @@ pub struct ClassicQueue {
     name: Arc<str>,
     vhost: Arc<str>,
     options: QueueOptions,
-    limits: QueueLimits,
     store_id: Option<String>,
     storage: Option<Arc<QueueStorage>>,
     state: Mutex<QueueState>,
@@ -126,8 +130,6 @@ pub struct ClassicQueue {
     congested: AtomicBool,
     /// Woken when the queue stops being congested.
     uncongested: tokio::sync::Notify,
-    expiry: QueueExpiry,
-    dead_letter: Option<DeadLetterTarget>,
     host: Weak<dyn QueueHost>,
     /// `x-single-active-consumer`: only `consumers[0]` receives messages.
     /// A queue argument only, never a policy key, as in RabbitMQ 3.10.
@@ -152,6 +154,11 @@ impl ClassicQueue {
         );
         let mut state = QueueState {
             ready: ReadyMessages::new(max_priority),
+            rules: QueueRules {
+                limits: spec.limits,
+                expiry: spec.expiry,
+                dead_letter: spec.dead_letter,
+            },
             ..QueueState::default()
         };
         if let Some(storage) = &spec.storage {
@@ -166,15 +173,12 @@ impl ClassicQueue {
             name: spec.name,
             vhost: spec.vhost,
             options: spec.options,
-            limits: spec.limits,
             store_id: spec.store_id,
             storage: spec.storage,
             state: Mutex::new(state),
             deleted: AtomicBool::new(false),
             congested: AtomicBool::new(false),
             uncongested: tokio::sync::Notify::new(),
-            expiry: spec.expiry,
-            dead_letter: spec.dead_letter,
             host: spec.host,
             single_active_consumer,
             counters: MessageCounters::default(),
@@ -206,15 +210,18 @@ impl ClassicQueue {
             return;
         }
         let dead_letters = std::mem::take(&mut state.dead_letters);
+        let target = state.rules.dead_letter.clone();
         drop(state);
-        self.send_dead_letters(dead_letters);
+        self.send_dead_letters(target, dead_letters);
     }
 
-    fn send_dead_letters(&self, dead_letters: Vec<DeadLetter>) {
-        let (Some(target), Some(host)) = (self.dead_letter.as_ref(), self.host.upgrade()) else {
+    /// Hands dead letters to the host, for the target the queue had when
+    /// they were dropped.
+    fn send_dead_letters(&self, target: Option<DeadLetterTarget>, dead_letters: Vec<DeadLetter>) {
+        let (Some(target), Some(host)) = (target, self.host.upgrade()) else {
             return;
         };
-        host.dead_letter(&self.name, target, dead_letters);
+        host.dead_letter(&self.name, &target, dead_letters);
     }
 
     fn is_deleted(&self) -> bool {
@@ -372,6 +379,14 @@ impl Queue for ClassicQueue {
 
     fn start_timers(&self) {
         self.start_timed_work();
+    }
+
+    fn apply_policy(
+        &self,
+        effective_arguments: &amq_protocol::types::FieldTable,
+        _generation: u64,
+    ) {
+        self.change_rules(QueueRules::from_arguments(effective_arguments));
     }
 
     fn is_congested(&self) -> bool {

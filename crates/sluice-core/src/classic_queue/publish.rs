@@ -25,12 +25,16 @@ impl ClassicQueue {
         }
         let body_size = message.body_size() as u64;
         if self.refuses_for_length(&state, body_size) {
-            if self.limits.overflow == Overflow::RejectPublishDlx && self.dead_letter.is_some() {
+            if state.rules.limits.overflow == Overflow::RejectPublishDlx {
+                let target = state.rules.dead_letter.clone();
                 drop(state);
-                self.send_dead_letters(vec![DeadLetter {
-                    message,
-                    reason: DeathReason::Maxlen,
-                }]);
+                self.send_dead_letters(
+                    target,
+                    vec![DeadLetter {
+                        message,
+                        reason: DeathReason::Maxlen,
+                    }],
+                );
             }
             return PublishOutcome::Rejected;
         }
@@ -79,12 +83,12 @@ impl ClassicQueue {
     /// Whether a new message of `body_size` bytes is refused for the
     /// queue's length limits (`reject-publish`, `reject-publish-dlx`).
     fn refuses_for_length(&self, state: &QueueState, body_size: u64) -> bool {
-        if !self.limits.is_limited() || self.limits.overflow == Overflow::DropHead {
+        if !state.rules.limits.is_limited() || state.rules.limits.overflow == Overflow::DropHead {
             return false;
         }
         let length_after = state.ready_count() as u64 + 1;
         let bytes_after = state.ready_bytes + body_size;
-        self.limits.exceeded(length_after, bytes_after)
+        state.rules.limits.exceeded(length_after, bytes_after)
     }
 
     /// A new message's deadline. One branch for a queue without TTL and a
@@ -92,10 +96,10 @@ impl ClassicQueue {
     /// message with a deadline is marked as being published: its TTL starts
     /// once it was offered to the consumers waiting.
     fn deadline_of_new(&self, state: &mut QueueState, message: &Message, offset: u64) -> u64 {
-        if !self.expiry.has_message_ttl() && message.properties.expiration().is_none() {
+        if !state.rules.expiry.has_message_ttl() && message.properties.expiration().is_none() {
             return NEVER;
         }
-        let deadline = self.expiry.deadline_of(message, now_us());
+        let deadline = state.rules.expiry.deadline_of(message, now_us());
         if deadline != NEVER {
             state.deadlines = true;
             state.publishing = Some(offset);
@@ -135,7 +139,7 @@ impl ClassicQueue {
     /// What follows a publish, under the same lock: drop-head limits, the
     /// head's TTL, and congestion.
     fn after_publish(&self, state: &mut QueueState) {
-        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
+        if state.rules.limits.is_limited() && state.rules.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(state);
         }
         // Offered to the waiting consumers: from here its TTL applies. Left
@@ -193,14 +197,15 @@ impl ClassicQueue {
     /// limits, dead-lettering them (reason `maxlen`) when the queue has a
     /// dead-letter exchange.
     pub(super) fn drop_head_over_limits(&self, state: &mut QueueState) {
-        while self
+        while state
+            .rules
             .limits
             .exceeded(state.ready_count() as u64, state.ready_bytes)
         {
             if let Some(dropped) = state.take_resident() {
                 state.forget([&dropped]);
                 self.counters.dropped.add(1);
-                if self.dead_letter.is_some() {
+                if state.rules.dead_letter.is_some() {
                     state.dead_letters.push(DeadLetter {
                         message: dropped.message,
                         reason: DeathReason::Maxlen,

@@ -93,7 +93,7 @@ impl ClassicQueue {
             return false;
         };
         state.ready_bytes -= paged.body_size as u64;
-        if self.dead_letter.is_some() {
+        if state.rules.dead_letter.is_some() {
             if let Some(message) = self.read_paged(state, &paged) {
                 state.dead_letters.push(DeadLetter {
                     message: Arc::new(message),

@@ -21,7 +21,7 @@ impl ClassicQueue {
     pub(super) fn settle_with(&self, messages: &[MessageId], dead: Option<DeathReason>) {
         let mut state = self.lock();
         let settled_as = dead;
-        let dead = dead.filter(|_| self.dead_letter.is_some());
+        let dead = dead.filter(|_| state.rules.dead_letter.is_some());
         for offset in messages {
             let Some(entry) = state.unacked.remove(*offset) else {
                 continue;
@@ -77,7 +77,7 @@ impl ClassicQueue {
         // Requeued messages count against the limits again, as in
         // RabbitMQ's `requeue_and_run`: the oldest go (dead-lettered where
         // the queue says so) before anything is delivered.
-        if self.limits.is_limited() && self.limits.overflow == Overflow::DropHead {
+        if state.rules.limits.is_limited() && state.rules.limits.overflow == Overflow::DropHead {
             self.drop_head_over_limits(&mut state);
         }
         self.dispatch_locked(&mut state);

@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::rules::QueueRules;
 use super::unacked::Unacked;
 use crate::dead_letter::DeadLetter;
 use crate::expiry::NEVER;
@@ -14,6 +15,9 @@ use crate::ready::ReadyMessages;
 
 #[derive(Default)]
 pub(super) struct QueueState {
+    /// Limits, TTL, expiry and dead-lettering: under the lock, since a
+    /// policy change replaces them while the queue runs.
+    pub(super) rules: QueueRules,
     /// The head of the ready messages, in memory, in delivery order:
     /// priority first in a priority queue, then offset.
     pub(super) ready: ReadyMessages,

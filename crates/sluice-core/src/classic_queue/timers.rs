@@ -20,7 +20,7 @@ impl ClassicQueue {
         let mut state = self.lock();
         let now = now_us();
         state.used_at_us = now;
-        if let Some(ttl) = self.expiry.message_ttl_us {
+        if let Some(ttl) = state.rules.expiry.message_ttl_us {
             state.deadlines = true;
             if !state.paged.is_empty() {
                 let fallback = now.saturating_add(ttl).min(NEVER - 1);
@@ -41,7 +41,7 @@ impl ClassicQueue {
             let head_deadline = state.head_deadline();
             self.schedule_timer(&mut state, head_deadline);
         }
-        if let Some(expires) = self.expiry.expires_us {
+        if let Some(expires) = state.rules.expiry.expires_us {
             self.schedule_timer(&mut state, now.saturating_add(expires));
         }
     }
@@ -76,7 +76,7 @@ impl ClassicQueue {
             self.update_congestion(&mut state);
         }
         let mut expired = false;
-        if let Some(expires) = self.expiry.expires_us {
+        if let Some(expires) = state.rules.expiry.expires_us {
             if state.consumers.is_empty() {
                 let due = state.used_at_us.saturating_add(expires);
                 if due <= now_us() {
@@ -98,18 +98,19 @@ impl ClassicQueue {
     /// Whether the queue went unused for its `x-expires`: no consumers,
     /// and no basic.get or redeclaration for that long.
     pub(super) fn unused_for_expiry(&self) -> bool {
-        let Some(expires) = self.expiry.expires_us else {
+        let state = self.lock();
+        let Some(expires) = state.rules.expiry.expires_us else {
             return false;
         };
-        let state = self.lock();
         state.consumers.is_empty() && state.used_at_us.saturating_add(expires) <= now_us()
     }
 
     /// The queue was used (redeclared, or read with basic.get): its
     /// `x-expires` countdown starts again.
     pub(super) fn touch_used(&self) {
-        if self.expiry.expires_us.is_some() {
-            self.lock().used_at_us = now_us();
+        let mut state = self.lock();
+        if state.rules.expiry.expires_us.is_some() {
+            state.used_at_us = now_us();
         }
     }
 
@@ -130,7 +131,7 @@ impl ClassicQueue {
                 };
                 state.forget([&entry]);
                 self.counters.dropped.add(1);
-                if self.dead_letter.is_some() {
+                if state.rules.dead_letter.is_some() {
                     state.dead_letters.push(DeadLetter {
                         message: entry.message,
                         reason: DeathReason::Expired,
@@ -144,7 +145,7 @@ impl ClassicQueue {
                 break;
             }
         }
-        if state.ready_count() == 0 && !self.expiry.has_message_ttl() {
+        if state.ready_count() == 0 && !state.rules.expiry.has_message_ttl() {
             state.deadlines = false;
         }
     }

@@ -8,6 +8,7 @@ use crate::access::{
 };
 use crate::definitions::{Definitions, QueueDefinition};
 use crate::error::{AmqpError, AmqpResult};
+use crate::policy::PolicyJson;
 use crate::queue::ConnectionId;
 use sluice_wire::reply_code::ReplyCode;
 
@@ -111,6 +112,36 @@ pub enum MetadataCommand {
         user: String,
         vhost: String,
         exchange: Option<String>,
+    },
+    /// Creates or replaces a policy (`rabbit_policy:set`). Every queue and
+    /// exchange of the vhost takes its new effective settings as the
+    /// change is applied, on every node.
+    SetPolicy {
+        policy: PolicyJson,
+    },
+    ClearPolicy {
+        vhost: String,
+        name: String,
+    },
+    /// Creates or replaces a vhost's runtime parameter
+    /// (`rabbit_runtime_parameters:set`).
+    SetParameter {
+        component: String,
+        vhost: String,
+        name: String,
+        value: serde_json::Value,
+    },
+    ClearParameter {
+        component: String,
+        vhost: String,
+        name: String,
+    },
+    SetGlobalParameter {
+        name: String,
+        value: serde_json::Value,
+    },
+    ClearGlobalParameter {
+        name: String,
     },
 }
 

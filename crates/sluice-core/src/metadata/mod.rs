@@ -1,5 +1,6 @@
-//! The cluster's metadata as a log of changes: exchanges, queues and
-//! bindings are declared and deleted by [`MetadataCommand`]s that every
+//! The cluster's metadata as a log of changes: vhosts, users and
+//! permissions, exchanges, queues and bindings, policies and runtime
+//! parameters are set and deleted by [`MetadataCommand`]s that every
 //! node applies in the same order (the metadata Raft group of
 //! `sluice-server`). A client's change is checked locally, proposed, and
 //! answered only once applied on the node it came through; reads and

@@ -310,6 +310,14 @@ pub trait Queue: Send + Sync {
     /// bindings are in place.
     fn start_timers(&self);
 
+    /// A policy change gave the queue new effective arguments (declared,
+    /// merged with the policy that applies now): it takes on their limits,
+    /// TTL, expiry and dead-lettering from here, as RabbitMQ's queues do
+    /// on `policy_changed`. `generation` orders the changes (see
+    /// [`crate::broker::Broker::policy_generation`]). Nothing to do for a
+    /// queue held by another node: its home applies the change itself.
+    fn apply_policy(&self, _effective_arguments: &FieldTable, _generation: u64) {}
+
     /// The node numbered `node_number` went down: a queue that keeps
     /// consumers of other nodes takes back what they held.
     fn node_down(&self, _node_number: u16) {}

@@ -164,6 +164,15 @@ pub enum Command {
     /// At-least-once dead-lettering: the messages enqueued at `indexes`
     /// are safe in their dead-letter targets and leave the queue.
     DeadLettered { indexes: Vec<u64> },
+    /// A policy change gave the queue new rules (RabbitMQ's
+    /// `update_config`). Every member that applies the policy change
+    /// proposes it, under the node's count of policy changes
+    /// (`generation`); the machine keeps the newest and skips the others,
+    /// so the change applies once, at the same entry on every member.
+    SetConfig {
+        config: QueueConfig,
+        generation: u64,
+    },
 }
 
 /// Why a message left the queue other than by an ack.

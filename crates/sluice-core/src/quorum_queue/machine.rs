@@ -101,6 +101,10 @@ pub struct QueueMachine {
     dead_lettered: VecDeque<(DeadLetterReason, MessageRef)>,
     #[serde(default)]
     dead_lettered_bytes: u64,
+    /// The policy generation `config` came with (see [`Command::SetConfig`]);
+    /// 0 for the rules of the queue's declaration.
+    #[serde(default)]
+    config_generation: u64,
 }
 
 impl QueueMachine {
@@ -121,6 +125,7 @@ impl QueueMachine {
             used_at_ms: 0,
             dead_lettered: VecDeque::new(),
             dead_lettered_bytes: 0,
+            config_generation: 0,
         }
     }
 
@@ -128,9 +133,20 @@ impl QueueMachine {
         &self.config
     }
 
-    /// The rules changed (a policy): they apply from the next entry on.
-    pub fn set_config(&mut self, config: QueueConfig) {
-        self.config = config;
+    /// The rules changed (a policy): they apply from here on, unless
+    /// rules of a later policy change came first. What the new rules say
+    /// of the messages already in (a lower limit, an expired head) follows
+    /// at the end of the entry, as after any command.
+    pub fn set_config(&mut self, config: QueueConfig, generation: u64) {
+        if generation > self.config_generation {
+            self.config = config;
+            self.config_generation = generation;
+        }
+    }
+
+    /// The policy generation of the rules in force.
+    pub fn config_generation(&self) -> u64 {
+        self.config_generation
     }
 
     pub fn stats(&self) -> MachineStats {
@@ -356,6 +372,10 @@ impl QueueMachine {
             }
             Command::Touch => {
                 self.used_at_ms = self.now_ms;
+                Reply::Ok
+            }
+            Command::SetConfig { config, generation } => {
+                self.set_config(config, generation);
                 Reply::Ok
             }
         };

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use amq_protocol::types::FieldTable;
@@ -95,6 +95,9 @@ pub struct QuorumQueueSpec {
     pub vhost: Arc<str>,
     pub options: QueueOptions,
     pub effective_arguments: FieldTable,
+    /// The node's count of policy changes the effective arguments come
+    /// from (see [`Command::SetConfig`]).
+    pub policy_generation: u64,
     pub host: Weak<dyn QueueHost>,
     pub store_id: String,
     /// Where this member keeps the queue's log.
@@ -117,7 +120,13 @@ pub struct QuorumQueue {
     key: QueueKey,
     members: Vec<String>,
     host: Weak<dyn QueueHost>,
-    dead_letter: Option<DeadLetterTarget>,
+    /// Where the leader routes what the queue dead-letters: from the
+    /// effective arguments, replaced when a policy changes them.
+    dead_letter: RwLock<Option<DeadLetterTarget>>,
+    /// The rules this member last asked the log for (its policy's, merged
+    /// with the declaration's): a policy change that leaves them as they
+    /// are proposes nothing.
+    policy_config: Mutex<QueueConfig>,
     this: Weak<QuorumQueue>,
     member: Mutex<Member>,
     log: OnceLock<Arc<dyn ReplicatedLog>>,
@@ -278,6 +287,10 @@ impl QuorumQueue {
     /// replaying its log).
     pub fn create(spec: QuorumQueueSpec, groups: &Arc<dyn QuorumGroups>) -> Arc<QuorumQueue> {
         let config = queue_config(&spec.effective_arguments);
+        // The log starts from the declaration's rules on every member,
+        // whenever it was made: a policy's come through the log (below),
+        // so that every member applies each entry under the same rules.
+        let declared_config = queue_config(&spec.options.arguments);
         if wants_at_least_once(&spec.effective_arguments)
             && !config.dead_letter_at_least_once
             && spec
@@ -302,14 +315,15 @@ impl QuorumQueue {
             },
             name: spec.name,
             vhost: spec.vhost,
-            dead_letter: DeadLetterTarget::from_arguments(&spec.effective_arguments),
+            dead_letter: RwLock::new(DeadLetterTarget::from_arguments(&spec.effective_arguments)),
+            policy_config: Mutex::new(declared_config.clone()),
             options: spec.options,
             store_id: spec.store_id,
             members: spec.members.clone(),
             host: spec.host,
             this: this.clone(),
             member: Mutex::new(Member::new(
-                QueueMachine::new(config),
+                QueueMachine::new(declared_config),
                 get_holder,
                 BodyWindow::new(spec.window_bytes_max, spec.node_window),
             )),
@@ -335,11 +349,40 @@ impl QuorumQueue {
             }),
         );
         let _ = queue.log.set(Arc::clone(&log));
+        // First in this member's first entry: ahead of anything published
+        // through it.
+        queue.propose_config(config, spec.policy_generation);
         tokio::spawn(Arc::clone(&queue.proposer).run(log));
         // What consumers of this node's previous run held (it crashed, or
         // stopped before their channels settled) goes back to the queue.
         queue.node_down(queue.node_number);
         queue
+    }
+
+    /// Where what the queue dead-letters goes now.
+    fn dead_letter_target(&self) -> Option<DeadLetterTarget> {
+        self.dead_letter
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Asks the log for new rules, unless they are the ones this member
+    /// asked for last. Every member of the queue does so for a policy
+    /// change; the machine applies the first of them and skips the rest
+    /// (see [`Command::SetConfig`]).
+    fn propose_config(&self, config: QueueConfig, generation: u64) {
+        {
+            let mut last = lock(&self.policy_config);
+            if *last == config {
+                return;
+            }
+            *last = config.clone();
+        }
+        self.proposer.submit(
+            Item::Machine(Command::SetConfig { config, generation }),
+            Waiter::Nobody,
+        );
     }
 
     fn arc(&self) -> Arc<QuorumQueue> {
@@ -504,8 +547,9 @@ impl QuorumQueue {
             self.read_parked();
         }
         if !dead_letters.is_empty() {
-            if let (Some(host), Some(target)) = (self.host.upgrade(), &self.dead_letter) {
-                host.dead_letter(&self.name, target, dead_letters);
+            let target = self.dead_letter_target();
+            if let (Some(host), Some(target)) = (self.host.upgrade(), target) {
+                host.dead_letter(&self.name, &target, dead_letters);
             }
         }
         encode(&replies)
@@ -600,7 +644,7 @@ impl QuorumQueue {
                 }
                 Effect::DeadLetter { reason, message } => {
                     self.counters.dropped.add(1);
-                    if !leader || self.dead_letter.is_none() {
+                    if !leader || self.dead_letter_target().is_none() {
                         continue;
                     }
                     let body = member
@@ -715,8 +759,8 @@ impl QuorumQueue {
         dead_letters: Vec<DeadLetter>,
     ) -> Option<Vec<crate::queue::PublishOutcome>> {
         let host = self.host.upgrade()?;
-        let target = self.dead_letter.as_ref()?;
-        host.dead_letter_tracked(&self.name, target, dead_letters)
+        let target = self.dead_letter_target()?;
+        host.dead_letter_tracked(&self.name, &target, dead_letters)
     }
 
     /// Settles dead-lettered messages through the log.
@@ -1272,6 +1316,18 @@ impl Queue for QuorumQueue {
             self.proposer
                 .submit(Item::Machine(Command::Tick), Waiter::Nobody);
         }
+    }
+
+    fn apply_policy(&self, effective_arguments: &FieldTable, generation: u64) {
+        if self.is_deleted() {
+            return;
+        }
+        *self
+            .dead_letter
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            DeadLetterTarget::from_arguments(effective_arguments);
+        self.propose_config(queue_config(effective_arguments), generation);
     }
 
     fn node_down(&self, node_number: u16) {

@@ -894,3 +894,69 @@ fn quorum_machine_expires_once_unused_for_its_x_expires() {
     let plain = QueueMachine::new(QueueConfig::default());
     assert_eq!(plain.expires_at_ms(), None);
 }
+
+#[test]
+fn quorum_machine_set_config_keeps_the_newest_rules_and_drops_past_a_lower_limit() {
+    let mut machine = QueueMachine::new(QueueConfig::default());
+    for index in 1..=10 {
+        machine.apply(index, 1_000, enqueue());
+    }
+    assert_eq!(machine.stats().messages_ready, 10);
+    let limited = |max_length| QueueConfig {
+        max_length: Some(max_length),
+        ..QueueConfig::default()
+    };
+    // A max-length of 4: the oldest six go at once, dead-lettered maxlen.
+    let (_, effects) = machine.apply(
+        11,
+        1_000,
+        Command::SetConfig {
+            config: limited(4),
+            generation: 2,
+        },
+    );
+    assert_eq!(machine.stats().messages_ready, 4);
+    let dropped: Vec<u64> = effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::DeadLetter {
+                reason: DeadLetterReason::MaxLen,
+                message,
+            } => Some(message.index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dropped, [1, 2, 3, 4, 5, 6]);
+    // Another member's proposal of an older change comes later: skipped.
+    machine.apply(
+        12,
+        1_000,
+        Command::SetConfig {
+            config: limited(1),
+            generation: 1,
+        },
+    );
+    assert_eq!(machine.stats().messages_ready, 4);
+    assert_eq!(machine.config().max_length, Some(4));
+    // The same change proposed by a second member: nothing more.
+    machine.apply(
+        13,
+        1_000,
+        Command::SetConfig {
+            config: limited(4),
+            generation: 2,
+        },
+    );
+    assert_eq!(machine.config_generation(), 2);
+    // Cleared by a later change: no limit from here on.
+    machine.apply(
+        14,
+        1_000,
+        Command::SetConfig {
+            config: QueueConfig::default(),
+            generation: 3,
+        },
+    );
+    machine.apply(15, 1_000, enqueue());
+    assert_eq!(machine.stats().messages_ready, 5);
+}

@@ -406,6 +406,8 @@ impl VirtualHost {
                 members: options.members.clone(),
             });
         }
+        definitions.policies = self.policy_list();
+        definitions.parameters = self.parameter_list();
         // A stable order: the same metadata gives the same snapshot.
         definitions.exchanges.sort_by(|a, b| a.name.cmp(&b.name));
         definitions.queues.sort_by(|a, b| a.name.cmp(&b.name));
@@ -423,9 +425,14 @@ impl VirtualHost {
     /// is missing comes, bindings become exactly theirs. A node restarting
     /// from a snapshot, or a lagging one handed one, goes through here.
     pub fn restore(&self, definitions: &VhostDefinitions) {
+        // Policies first: the objects made here take theirs as they are
+        // made; those that were there already take theirs after.
+        self.restore_policies(&definitions.policies);
+        self.restore_parameters(&definitions.parameters);
         self.restore_queues(&definitions.queues);
         self.restore_exchanges(&definitions.exchanges);
         self.restore_bindings(&definitions.bindings);
+        self.apply_policies();
     }
 
     fn restore_queues(&self, wanted: &[QueueDefinition]) {

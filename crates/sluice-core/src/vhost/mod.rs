@@ -6,9 +6,12 @@
 //! - `queue_host`: what the vhost does for its queues: dead-letters, expiry.
 //! - `metadata_apply`: the vhost as the metadata log changes it, and as
 //!   definitions for its snapshots.
+//! - `policy_apply`: its policies and runtime parameters, and the
+//!   effective settings policies give its queues and exchanges.
 
 mod connection_slot;
 mod metadata_apply;
+mod policy_apply;
 mod publish;
 mod queue_host;
 mod routing;
@@ -35,7 +38,7 @@ use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
 use crate::metadata::{MetadataCommand, MetadataProposer, NodeIdentity, Proposal};
 use crate::policy::{
-    effective_alternate_exchange, effective_queue_arguments, PolicyTarget, VhostPolicies,
+    effective_alternate_exchange, effective_queue_arguments, Policy, PolicyTarget, VhostPolicies,
 };
 use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOptions};
 use crate::queue_factory::QueueSpec;
@@ -52,8 +55,9 @@ pub struct Exchange {
     pub arguments: FieldTable,
     /// Where messages this exchange routes nowhere go instead: the
     /// `alternate-exchange` argument, else the exchange's policy's key.
-    /// Resolved once at creation, since policies are fixed at start.
-    pub alternate_exchange: Option<Arc<str>>,
+    /// Worked out when the exchange is made and again when a policy
+    /// changes; read only for a message routed nowhere.
+    alternate_exchange: RwLock<Option<Arc<str>>>,
     routing: RwLock<RoutingTable>,
 }
 
@@ -87,6 +91,11 @@ impl Exchange {
     pub fn bindings(&self) -> Vec<Binding> {
         self.routing().bindings().cloned().collect()
     }
+
+    /// Where messages this exchange routes nowhere go instead, now.
+    pub fn alternate_exchange(&self) -> Option<Arc<str>> {
+        read(&self.alternate_exchange).clone()
+    }
 }
 
 /// exchange.declare as the vhost sees it.
@@ -113,8 +122,15 @@ pub struct QueueDeclaration<'a> {
 
 pub struct VirtualHost {
     pub name: Arc<str>,
-    /// Fixed at start: loaded from the definitions file.
-    policies: VhostPolicies,
+    /// As the metadata log set them; read when an object is made or a
+    /// policy changes, never per message.
+    policies: RwLock<VhostPolicies>,
+    /// Runtime parameters by component and name (`vhost-limits` aside:
+    /// the access control keeps those).
+    parameters: RwLock<ParameterTable>,
+    /// The node's count of policy changes (see
+    /// [`crate::broker::Broker::policy_generation`]).
+    policy_generation: Arc<std::sync::atomic::AtomicU64>,
     exchanges: RwLock<ExchangeTable>,
     queues: RwLock<QueueTable>,
     /// Where durable definitions and queue journals go; None keeps
@@ -162,6 +178,8 @@ pub struct VhostServices {
     pub metadata: Arc<MetadataProposer>,
     /// Where new classic queues live unless their declaration says.
     pub queue_locator: QueueLocator,
+    /// The node's count of policy changes, shared by its vhosts.
+    pub policy_generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -175,6 +193,7 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 
 type ExchangeTable = HashMap<Arc<str>, Arc<Exchange>>;
 type QueueTable = HashMap<Arc<str>, Arc<dyn Queue>>;
+type ParameterTable = std::collections::BTreeMap<(String, String), serde_json::Value>;
 
 impl VirtualHost {
     /// A vhost with the default exchange and the `amq.*` exchanges every
@@ -182,26 +201,25 @@ impl VirtualHost {
     pub fn new(name: &str) -> Arc<Self> {
         Self::with_services(
             name,
-            VhostPolicies::default(),
             VhostServices {
                 store: None,
                 reply_to: Arc::new(ReplyRegistry::default()),
                 node: NodeIdentity::new(NodeIdentity::STANDALONE),
                 metadata: Arc::default(),
                 queue_locator: QueueLocator::default(),
+                policy_generation: Arc::default(),
             },
         )
     }
 
-    /// A vhost of a node, with the policies that apply to its objects.
-    pub fn with_services(
-        name: &str,
-        policies: VhostPolicies,
-        services: VhostServices,
-    ) -> Arc<Self> {
+    /// A vhost of a node, without policies until the metadata log sets
+    /// some.
+    pub fn with_services(name: &str, services: VhostServices) -> Arc<Self> {
         let vhost = Arc::new_cyclic(|this| VirtualHost {
             name: Arc::from(name),
-            policies,
+            policies: RwLock::default(),
+            parameters: RwLock::default(),
+            policy_generation: services.policy_generation,
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
             store: services.store,
@@ -269,8 +287,8 @@ impl VirtualHost {
         let alternate_exchange = if spec.name.is_empty() {
             None
         } else {
-            let policy = self.policies.matching(PolicyTarget::Exchange, spec.name);
-            effective_alternate_exchange(&spec.arguments, policy.map(|policy| &**policy))
+            let policy = self.exchange_policy(spec.name);
+            effective_alternate_exchange(&spec.arguments, policy.as_deref())
         };
         Exchange {
             name: Arc::from(spec.name),
@@ -279,7 +297,7 @@ impl VirtualHost {
             auto_delete: spec.auto_delete,
             internal: spec.internal,
             arguments: spec.arguments,
-            alternate_exchange,
+            alternate_exchange: RwLock::new(alternate_exchange),
             routing: RwLock::new(RoutingTable::new(spec.kind)),
         }
     }
@@ -290,19 +308,21 @@ impl VirtualHost {
     /// declared arguments alone; equivalence checks and saved definitions
     /// use the declared ones.
     pub fn effective_queue_arguments(&self, queue_name: &str, declared: &FieldTable) -> FieldTable {
-        let policy = self.policies.matching(PolicyTarget::Queue, queue_name);
-        effective_queue_arguments(declared, policy.map(|policy| &**policy))
+        effective_queue_arguments(declared, self.queue_policy(queue_name).as_deref())
     }
 
-    /// The name of the policy that applies to a queue, if any.
-    pub fn queue_policy_name(&self, queue_name: &str) -> Option<&str> {
-        self.policies
+    /// The policy that applies to the named queue now, if any.
+    pub fn queue_policy(&self, queue_name: &str) -> Option<Arc<Policy>> {
+        read(&self.policies)
             .matching(PolicyTarget::Queue, queue_name)
-            .map(|policy| policy.name.as_str())
+            .cloned()
     }
 
-    pub fn policies(&self) -> &VhostPolicies {
-        &self.policies
+    /// The policy that applies to the named exchange now, if any.
+    pub fn exchange_policy(&self, exchange_name: &str) -> Option<Arc<Policy>> {
+        read(&self.policies)
+            .matching(PolicyTarget::Exchange, exchange_name)
+            .cloned()
     }
 
     fn describe_exchange(&self, name: &str) -> String {
@@ -875,6 +895,9 @@ impl VirtualHost {
             store: self.store.as_deref(),
             store_id,
             quorum_groups: self.metadata.quorum_groups(),
+            policy_generation: self
+                .policy_generation
+                .load(std::sync::atomic::Ordering::Acquire),
         }
     }
 

@@ -73,10 +73,8 @@ impl VirtualHost {
         if scratch.destinations.is_empty() {
             // Routed nowhere: the alternate exchange, if any, takes the
             // message. Only here, so routable messages never pay for it.
-            match &exchange.alternate_exchange {
-                Some(alternate) => scratch
-                    .destinations
-                    .push(Destination::Exchange(Arc::clone(alternate))),
+            match exchange.alternate_exchange() {
+                Some(alternate) => scratch.destinations.push(Destination::Exchange(alternate)),
                 None => return,
             }
         }
@@ -126,10 +124,8 @@ impl VirtualHost {
                                 .route(key, headers, &mut scratch.destinations);
                         }
                         if scratch.destinations.len() == before {
-                            if let Some(alternate) = &next.alternate_exchange {
-                                scratch
-                                    .destinations
-                                    .push(Destination::Exchange(Arc::clone(alternate)));
+                            if let Some(alternate) = next.alternate_exchange() {
+                                scratch.destinations.push(Destination::Exchange(alternate));
                             }
                         }
                     }

@@ -143,7 +143,7 @@ pub struct Config {
     /// `ssl_options.*`, `ssl_cert_login_from`). Default: none.
     pub tls: TlsConfig,
     /// A definitions file in RabbitMQ's JSON format, read at start
-    /// (`load_definitions`): its policies apply, its exchanges, queues and
+    /// (`load_definitions`): its policies, parameters, exchanges, queues and
     /// bindings are declared. Default none.
     pub load_definitions: Option<PathBuf>,
     /// This node's name and its cluster (`node_name`,

@@ -5,18 +5,32 @@
 //! anywhere in the object's name (as RabbitMQ's `re:run` does) and its
 //! `apply-to` covers the object's kind. Of the policies that match, the one
 //! with the highest priority applies, and only that one; among equal
-//! priorities the one listed first wins.
+//! priorities the one whose name sorts first wins (RabbitMQ leaves that
+//! order to its table; a name order is the same on every node).
 //!
-//! Policies are fixed when the node starts (loaded from the file named by
-//! `load_definitions`), so an object's policy is resolved once, when it is
-//! created, and nothing on the message path consults them.
+//! Policies live in the metadata log (`SetPolicy`, `ClearPolicy`): every
+//! node applies a change at the same point, and the vhost then gives every
+//! queue and exchange it holds its new effective settings (see
+//! `vhost/policy_apply.rs`). An object keeps what was worked out for it, so
+//! nothing on the message path consults policies.
+//!
+//! - `validation`: a policy checked as RabbitMQ checks it, with its texts.
+
+mod validation;
+
+pub use validation::{erlang_term, validation_failed_text};
 
 use std::sync::Arc;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::arguments::{as_strict_integer, as_text, EXPIRY_MS_MAX};
+use crate::arguments::{as_strict_integer, as_text};
+
+/// Policies one vhost may hold: every change matches each of them against
+/// every queue and exchange of the vhost, so their number bounds that work.
+/// RabbitMQ has no such bound; real deployments hold a few dozen.
+pub const POLICIES_PER_VHOST_MAX: usize = 1024;
 
 /// Which objects a policy applies to (`apply-to`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +68,8 @@ pub struct PolicyDefinition {
     pub alternate_exchange: Option<String>,
 }
 
+/// A validated policy: what it was given as ([`PolicyJson`], kept to be
+/// listed and exported exactly so) and what was read from it.
 #[derive(Clone, Debug)]
 pub struct Policy {
     pub vhost: String,
@@ -62,10 +78,12 @@ pub struct Policy {
     pub apply_to: ApplyTo,
     pub priority: i64,
     pub definition: PolicyDefinition,
+    pub source: PolicyJson,
 }
 
-/// A policy as RabbitMQ's definitions JSON writes it.
-#[derive(Clone, Debug, Deserialize)]
+/// A policy as RabbitMQ's definitions JSON writes it: the shape of
+/// `GET /api/policies` and of a definitions file's `policies`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolicyJson {
     pub vhost: String,
     pub name: String,
@@ -81,43 +99,63 @@ fn apply_to_all() -> String {
     "all".to_owned()
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("policy '{name}' in vhost '{vhost}': {reason}")]
+/// Why a policy was refused: RabbitMQ's reasons, one per wrong field.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyError {
     pub vhost: String,
     pub name: String,
-    pub reason: String,
+    pub reasons: Vec<String>,
+}
+
+impl PolicyError {
+    /// The whole text RabbitMQ answers with (`Validation failed`, then
+    /// each reason on its line): what the management API returns.
+    pub fn rabbitmq_text(&self) -> String {
+        validation_failed_text(&self.reasons)
+    }
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "policy '{}' in vhost '{}': {}",
+            self.name,
+            self.vhost,
+            self.reasons.join("; ")
+        )
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// Checks a policy as RabbitMQ would before it is set: what the HTTP API
+/// calls before proposing, and what every node calls again as it applies
+/// the change (so that all of them reach the same answer).
+///
+/// # Errors
+/// A bad pattern, `apply-to` or definition, in RabbitMQ's words.
+pub fn validate_policy(json: &PolicyJson) -> Result<Policy, PolicyError> {
+    Policy::from_json(json)
 }
 
 impl Policy {
-    /// Validates a policy read from a definitions file. Keys Sluice does not
-    /// act on (`ha-mode`, `federation-upstream`, ...) are skipped with a
-    /// warning, so that a RabbitMQ export loads as a whole.
+    /// Validates a policy given in RabbitMQ's JSON shape. Keys RabbitMQ
+    /// knows and Sluice does not act on (`ha-mode`, `federation-upstream`,
+    /// ...) are kept, so that a RabbitMQ export loads as a whole; keys
+    /// RabbitMQ does not know are refused, as RabbitMQ refuses them.
     ///
     /// # Errors
-    /// A bad pattern, `apply-to` or value, in RabbitMQ's words where it has them.
+    /// A bad pattern, `apply-to` or value, in RabbitMQ's words.
     pub fn from_json(json: &PolicyJson) -> Result<Self, PolicyError> {
-        let error = |reason: String| PolicyError {
-            vhost: json.vhost.clone(),
-            name: json.name.clone(),
-            reason,
-        };
-        let pattern = regex::Regex::new(&json.pattern)
-            .map_err(|problem| error(format!("invalid pattern '{}': {problem}", json.pattern)))?;
-        let apply_to = match json.apply_to.as_str() {
-            "queues" => ApplyTo::Queues,
-            "exchanges" => ApplyTo::Exchanges,
-            "all" => ApplyTo::All,
-            other => {
-                return Err(error(format!(
-                    "'{other}' is not a valid apply-to value (queues, exchanges or all)"
-                )))
-            }
-        };
-        let mut definition = PolicyDefinition::default();
-        for (key, value) in &json.definition {
-            parse_key(&mut definition, key, value).map_err(error)?;
-        }
+        let (pattern, apply_to, definition) =
+            validation::validate(&json.pattern, &json.apply_to, &json.definition).map_err(
+                |reasons| PolicyError {
+                    vhost: json.vhost.clone(),
+                    name: json.name.clone(),
+                    reasons,
+                },
+            )?;
         Ok(Policy {
             vhost: json.vhost.clone(),
             name: json.name.clone(),
@@ -125,6 +163,7 @@ impl Policy {
             apply_to,
             priority: json.priority,
             definition,
+            source: json.clone(),
         })
     }
 
@@ -139,87 +178,56 @@ impl Policy {
     }
 }
 
-fn parse_key(
-    definition: &mut PolicyDefinition,
-    key: &str,
-    value: &serde_json::Value,
-) -> Result<(), String> {
-    let integer = |minimum: u64, what: &str| -> Result<u64, String> {
-        value
-            .as_u64()
-            .filter(|number| *number >= minimum)
-            .ok_or_else(|| format!("{value} is not a valid {what}"))
-    };
-    let text = |what: &str| -> Result<String, String> {
-        value
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{value} is not a valid {what}"))
-    };
-    let one_of = |allowed: &[&str], what: &str| -> Result<String, String> {
-        match value.as_str() {
-            Some(text) if allowed.contains(&text) => Ok(text.to_owned()),
-            _ => Err(format!("{value} is not a valid {what} value")),
-        }
-    };
-    match key {
-        "message-ttl" => {
-            definition.message_ttl = Some(integer(0, "message TTL")?.min(EXPIRY_MS_MAX));
-        }
-        "expires" => definition.expires = Some(integer(1, "queue expiry")?.min(EXPIRY_MS_MAX)),
-        "max-length" => definition.max_length = Some(integer(0, "maximum length")?),
-        "max-length-bytes" => {
-            definition.max_length_bytes = Some(integer(0, "maximum length in bytes")?)
-        }
-        "overflow" => {
-            definition.overflow = Some(one_of(
-                &["drop-head", "reject-publish", "reject-publish-dlx"],
-                "overflow",
-            )?)
-        }
-        "dead-letter-exchange" => {
-            definition.dead_letter_exchange = Some(text("dead letter exchange name")?)
-        }
-        "dead-letter-routing-key" => {
-            definition.dead_letter_routing_key = Some(text("dead letter routing key")?)
-        }
-        "dead-letter-strategy" => {
-            definition.dead_letter_strategy = Some(one_of(
-                &["at-most-once", "at-least-once"],
-                "dead-letter-strategy",
-            )?)
-        }
-        "delivery-limit" => definition.delivery_limit = Some(integer(0, "delivery limit")?),
-        "queue-mode" => definition.queue_mode = Some(one_of(&["default", "lazy"], "queue-mode")?),
-        "alternate-exchange" => {
-            definition.alternate_exchange = Some(text("alternate exchange name")?)
-        }
-        other => tracing::warn!(key = other, "ignoring a policy key Sluice does not act on"),
-    }
-    Ok(())
-}
-
-/// The policies of one vhost, highest priority first.
+/// The policies of one vhost, highest priority first, then by name.
 #[derive(Clone, Debug, Default)]
 pub struct VhostPolicies {
     policies: Vec<Arc<Policy>>,
 }
 
 impl VhostPolicies {
-    pub fn new(mut policies: Vec<Policy>) -> Self {
-        // A stable sort keeps file order among equal priorities.
-        policies.sort_by_key(|policy| std::cmp::Reverse(policy.priority));
-        VhostPolicies {
-            policies: policies.into_iter().map(Arc::new).collect(),
+    pub fn new(policies: Vec<Policy>) -> Self {
+        let mut all = VhostPolicies::default();
+        for policy in policies {
+            all.put(policy);
         }
+        all
     }
 
     pub fn is_empty(&self) -> bool {
         self.policies.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
         self.policies.iter()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Policy>> {
+        self.policies.iter().find(|policy| policy.name == name)
+    }
+
+    /// Adds the policy, or replaces the one of its name.
+    pub fn put(&mut self, policy: Policy) {
+        self.policies
+            .retain(|existing| existing.name != policy.name);
+        self.policies.push(Arc::new(policy));
+        self.policies.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+    }
+
+    /// Removes the named policy; None when there was none.
+    pub fn remove(&mut self, name: &str) -> Option<Arc<Policy>> {
+        let position = self
+            .policies
+            .iter()
+            .position(|policy| policy.name == name)?;
+        Some(self.policies.remove(position))
     }
 
     /// The policy that applies to the named object, if any.
@@ -370,9 +378,35 @@ mod tests {
         assert!(Policy::from_json(&json(r#"{"dead-letter-strategy": "twice"}"#)).is_err());
         assert!(Policy::from_json(&json(r#"{"delivery-limit": -2}"#)).is_err());
         assert!(Policy::from_json(&json(r#"{"ha-mode": "all"}"#)).is_ok());
-        let mut bad_pattern = json("{}");
+        assert!(Policy::from_json(&json(r#"{"colour": "blue"}"#)).is_err());
+        let mut bad_pattern = json(r#"{"max-length": 1}"#);
         bad_pattern.pattern = "(".into();
         assert!(Policy::from_json(&bad_pattern).is_err());
+        // The definition is kept as given, to be listed and exported so.
+        let kept = Policy::from_json(&json(r#"{"max-length": 5, "ha-mode": "all"}"#)).unwrap();
+        assert_eq!(kept.source, json(r#"{"max-length": 5, "ha-mode": "all"}"#));
+    }
+
+    #[test]
+    fn policy_equal_priorities_go_by_name_and_a_name_is_replaced() {
+        let mut policies = VhostPolicies::new(vec![
+            policy("zeta", "^q", "queues", 1, r#"{"max-length": 1}"#),
+            policy("alpha", "^q", "queues", 1, r#"{"max-length": 2}"#),
+            policy("low", "^q", "queues", 0, r#"{"max-length": 3}"#),
+        ]);
+        let matched = |policies: &VhostPolicies| {
+            policies
+                .matching(PolicyTarget::Queue, "q1")
+                .map(|policy| policy.name.clone())
+        };
+        assert_eq!(matched(&policies).as_deref(), Some("alpha"));
+        // Redefined with a lower priority: replaced, not added.
+        policies.put(policy("alpha", "^q", "queues", -1, r#"{"max-length": 2}"#));
+        assert_eq!(policies.len(), 3);
+        assert_eq!(matched(&policies).as_deref(), Some("zeta"));
+        assert!(policies.remove("zeta").is_some());
+        assert!(policies.remove("zeta").is_none());
+        assert_eq!(matched(&policies).as_deref(), Some("low"));
     }
 
     #[test]
