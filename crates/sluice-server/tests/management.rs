@@ -566,6 +566,7 @@ async fn management_api_definitions_export_and_import_round_trip() {
         }],
         "permissions": [{"user": "accountant", "vhost": "billing", "configure": "^inv", "write": ".*", "read": ".*"}],
         "parameters": [{"vhost": "billing", "component": "vhost-limits", "name": "limits", "value": {"max-queues": 10}}],
+        "policies": [{"vhost": "billing", "name": "short", "pattern": "^invoices", "apply-to": "queues", "priority": 0, "definition": {"message-ttl": 60000}}],
         "exchanges": [{"name": "invoices", "vhost": "billing", "type": "topic", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}],
         "queues": [{"name": "invoices.eu", "vhost": "billing", "durable": true, "auto_delete": false, "arguments": {"x-max-length": 50}}],
         "bindings": [{"source": "invoices", "vhost": "billing", "destination": "invoices.eu", "destination_type": "queue", "routing_key": "eu.#", "arguments": {}}],
@@ -600,6 +601,7 @@ async fn management_api_definitions_export_and_import_round_trip() {
     assert!(names("vhosts").contains(&"billing".to_owned()));
     assert_eq!(names("exchanges"), ["invoices"]);
     assert_eq!(names("queues"), ["invoices.eu"]);
+    assert_eq!(names("policies"), ["short"]);
     assert_eq!(exported["bindings"][0]["routing_key"], "eu.#");
     assert_eq!(
         exported["parameters"],
@@ -635,4 +637,154 @@ async fn management_api_definitions_export_and_import_round_trip() {
     assert!(login.is_ok(), "the imported user logs in: {login:?}");
     source.stop().await;
     target.stop().await;
+}
+
+#[tokio::test]
+async fn management_api_policies_and_parameters_change_live_queues() {
+    let server = start().await;
+    let (_connection, channel) = open(&server).await;
+    declare(&channel, "orders").await;
+    for number in 0..5 {
+        publish(&channel, "", "orders", format!("order {number}").as_bytes()).await;
+    }
+    let policy = json!({"pattern": "^orders$", "definition": {"max-length": 2}, "priority": 1, "apply-to": "queues"});
+    let set = request(
+        &server,
+        "PUT",
+        "/api/policies/%2F/bounded",
+        GUEST,
+        Some(policy.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(set.status, 201, "{}", set.body);
+    let again = request(
+        &server,
+        "PUT",
+        "/api/policies/%2F/bounded",
+        GUEST,
+        Some(policy),
+        None,
+    )
+    .await;
+    assert_eq!(again.status, 204);
+    // The live queue drops to the new limit, oldest first.
+    let shown = get(&server, "/api/queues/%2F/orders").await;
+    assert_eq!(shown["policy"], "bounded");
+    assert_eq!(
+        shown["effective_policy_definition"],
+        json!({"max-length": 2})
+    );
+    assert_eq!(shown["messages"], 2);
+    assert_eq!(
+        get_body(&channel, "orders", true).await.as_deref(),
+        Some(&b"order 3"[..])
+    );
+    assert_eq!(
+        get(&server, "/api/policies/%2F/bounded").await,
+        json!({"vhost": "/", "name": "bounded", "pattern": "^orders$", "apply-to": "queues", "definition": {"max-length": 2}, "priority": 1})
+    );
+    // Refusals in RabbitMQ's words, escaped as its API escapes them.
+    let bad_key = request(
+        &server,
+        "PUT",
+        "/api/policies/%2F/bad",
+        GUEST,
+        Some(json!({"pattern": "x", "definition": {"bogus-key": 1}})),
+        None,
+    )
+    .await;
+    assert_eq!(bad_key.status, 400);
+    assert_eq!(
+        bad_key.body["reason"],
+        "Validation failed\n\n[{&lt;&lt;\"bogus-key\"&gt;&gt;,1}] are not recognised policy settings\n"
+    );
+    let bad_priority = request(
+        &server,
+        "PUT",
+        "/api/policies/%2F/bad",
+        GUEST,
+        Some(json!({"pattern": "x", "definition": {"max-length": 1}, "priority": "3"})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        bad_priority.body["reason"],
+        "Validation failed\n\npriority should be a number, actually was &lt;&lt;\"3\"&gt;&gt;\n"
+    );
+    // Cleared: the limit goes with it.
+    let cleared = request(
+        &server,
+        "DELETE",
+        "/api/policies/%2F/bounded",
+        GUEST,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(cleared.status, 204);
+    for number in 0..4 {
+        publish(&channel, "", "orders", format!("more {number}").as_bytes()).await;
+    }
+    let unbounded = get(&server, "/api/queues/%2F/orders").await;
+    assert_eq!(unbounded["messages"], 5);
+    assert_eq!(unbounded["policy"], Value::Null);
+    let missing = request(
+        &server,
+        "DELETE",
+        "/api/policies/%2F/bounded",
+        GUEST,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(missing.status, 404);
+    // Parameters: vhost limits are one, unknown components are refused.
+    let limits = request(
+        &server,
+        "PUT",
+        "/api/parameters/vhost-limits/%2F/limits",
+        GUEST,
+        Some(json!({"value": {"max-connections": 50}})),
+        None,
+    )
+    .await;
+    assert_eq!(limits.status, 201, "{}", limits.body);
+    assert_eq!(
+        get(&server, "/api/vhost-limits/%2F").await,
+        json!([{"vhost": "/", "value": {"max-connections": 50}}])
+    );
+    let unknown = request(
+        &server,
+        "PUT",
+        "/api/parameters/nosuch-component/%2F/x",
+        GUEST,
+        Some(json!({"value": {}})),
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, 400);
+    assert_eq!(
+        unknown.body["reason"],
+        "Validation failed\n\ncomponent nosuch-component not found\n"
+    );
+    let named = request(
+        &server,
+        "PUT",
+        "/api/cluster-name",
+        GUEST,
+        Some(json!({"name": "production-eu"})),
+        None,
+    )
+    .await;
+    assert_eq!(named.status, 204);
+    assert_eq!(
+        get(&server, "/api/cluster-name").await,
+        json!({"name": "production-eu"})
+    );
+    assert_eq!(
+        get(&server, "/api/overview").await["cluster_name"],
+        "production-eu"
+    );
+    server.stop().await;
 }

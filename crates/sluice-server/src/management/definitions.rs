@@ -158,22 +158,12 @@ async fn export(
             })
         })
         .collect();
-    let parameters: Vec<Value> = access
-        .vhost_limits
-        .iter()
-        .filter_map(|(vhost, limits)| {
-            let mut value = serde_json::Map::new();
-            if let Some(max) = limits.max_connections {
-                value.insert("max-connections".into(), json!(max));
-            }
-            if let Some(max) = limits.max_queues {
-                value.insert("max-queues".into(), json!(max));
-            }
-            (!value.is_empty()).then(|| {
-                json!({"value": value, "vhost": vhost, "component": "vhost-limits", "name": "limits"})
-            })
-        })
-        .collect();
+    let parameters = to_json(state.broker.parameters());
+    let mut global_parameters = to_json(state.broker.global_parameters());
+    if state.broker.global_parameter("cluster_name").is_none() {
+        global_parameters.push(json!({"name": "cluster_name", "value": state.cluster_name}));
+    }
+    let policies = to_json(state.broker.policies());
     Ok(Json(json!({
         "rabbit_version": RABBITMQ_VERSION_FOLLOWED,
         "rabbitmq_version": RABBITMQ_VERSION_FOLLOWED,
@@ -184,7 +174,8 @@ async fn export(
         "permissions": permissions,
         "topic_permissions": topic_permissions,
         "parameters": parameters,
-        "global_parameters": [{"name": "cluster_name", "value": state.cluster_name}],
+        "global_parameters": global_parameters,
+        "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -202,9 +193,17 @@ async fn export_vhost(
         .vhost(&vhost_name)
         .ok_or_else(ApiError::not_found)?;
     let (exchanges, queues, bindings) = topology(&vhost);
+    let parameters = to_json(
+        state
+            .broker
+            .vhost_parameters(&vhost_name)
+            .unwrap_or_default(),
+    );
+    let policies = to_json(state.broker.vhost_policies(&vhost_name).unwrap_or_default());
     Ok(Json(json!({
         "rabbit_version": RABBITMQ_VERSION_FOLLOWED,
-        "parameters": [],
+        "parameters": parameters,
+        "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -224,11 +223,6 @@ async fn import(
                 other => ApiError::bad_request(error_chain(&other)),
             }
         })?;
-    if !loaded.policies.is_empty() {
-        return Err(ApiError::bad_request(
-            "policies cannot be imported into a running node: give them to load_definitions",
-        ));
-    }
     let node = state.broker.node().clone();
     let commands = loaded.metadata_commands(&node);
     tracing::info!(commands = commands.len(), by = %caller.user, "importing definitions through the management API");
@@ -236,6 +230,13 @@ async fn import(
         state.broker.metadata.propose(command).await?;
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+fn to_json<T: serde::Serialize>(items: Vec<T>) -> Vec<Value> {
+    items
+        .into_iter()
+        .map(|item| serde_json::to_value(item).expect("definitions always encode"))
+        .collect()
 }
 
 /// An error with its causes, one after the other.

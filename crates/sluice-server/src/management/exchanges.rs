@@ -43,7 +43,11 @@ pub fn exchange_name(name: &str) -> &str {
     }
 }
 
-fn exchange_json(vhost: &VirtualHost, exchange: &Exchange) -> Value {
+fn exchange_json(state: &ManagementState, vhost: &VirtualHost, exchange: &Exchange) -> Value {
+    let policy = state
+        .broker
+        .exchange_policy(&vhost.name, &exchange.name)
+        .map(|policy| policy.name);
     json!({
         "name": exchange.name.as_ref(),
         "vhost": vhost.name.as_ref(),
@@ -53,15 +57,15 @@ fn exchange_json(vhost: &VirtualHost, exchange: &Exchange) -> Value {
         "internal": exchange.internal,
         "arguments": table_to_json(&exchange.arguments),
         "user_who_performed_action": "",
-        "policy": Value::Null,
+        "policy": policy,
     })
 }
 
-fn exchanges_of(vhost: &VirtualHost) -> Vec<Value> {
+fn exchanges_of(state: &ManagementState, vhost: &VirtualHost) -> Vec<Value> {
     vhost
         .exchanges()
         .iter()
-        .map(|exchange| exchange_json(vhost, exchange))
+        .map(|exchange| exchange_json(state, vhost, exchange))
         .collect()
 }
 
@@ -75,7 +79,7 @@ async fn list(
         .vhosts()
         .iter()
         .filter(|vhost| caller.sees_vhost(&vhost.name))
-        .flat_map(|vhost| exchanges_of(vhost))
+        .flat_map(|vhost| exchanges_of(&state, vhost))
         .collect();
     Ok(Json(query.apply(exchanges)?))
 }
@@ -88,7 +92,7 @@ async fn list_in_vhost(
 ) -> ApiResult<Json<Value>> {
     caller.require_visible_vhost(&vhost)?;
     let vhost = state.broker.vhost(&vhost).ok_or_else(ApiError::not_found)?;
-    Ok(Json(query.apply(exchanges_of(&vhost))?))
+    Ok(Json(query.apply(exchanges_of(&state, &vhost))?))
 }
 
 async fn show(
@@ -101,7 +105,7 @@ async fn show(
     let exchange = vhost
         .exchange(exchange_name(&name))
         .map_err(|_| ApiError::not_found())?;
-    Ok(Json(exchange_json(&vhost, &exchange)))
+    Ok(Json(exchange_json(&state, &vhost, &exchange)))
 }
 
 /// Declares the exchange: 201 when it is new, 204 when an equivalent one

@@ -13,7 +13,8 @@
 //! - [`error`], [`list_query`], [`json`]: the shapes every endpoint shares.
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
-//!   permissions), [`limits_and_topics`], [`definitions`], [`health`].
+//!   permissions), [`limits_and_topics`], [`policies`] (and parameters),
+//!   [`definitions`], [`health`].
 
 pub mod access;
 pub mod auth;
@@ -31,6 +32,7 @@ pub mod limits_and_topics;
 pub mod list_query;
 pub mod overview;
 pub mod peers;
+pub mod policies;
 pub mod publish;
 pub mod queue_ops;
 pub mod queues;
@@ -147,6 +149,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(access::routes())
         .merge(limits_and_topics::routes())
         .merge(definitions::routes())
+        .merge(policies::routes())
         .merge(health::routes())
         .fallback(|| async { error::ApiError::not_found() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -21,7 +21,7 @@ pub fn routes() -> Router<Arc<ManagementState>> {
     Router::new()
         .route("/api/overview", get(overview))
         .route("/api/whoami", get(whoami))
-        .route("/api/cluster-name", get(cluster_name))
+        .route("/api/cluster-name", get(cluster_name).put(set_cluster_name))
         .route("/api/extensions", get(extensions))
         .route("/api/exchange-types", get(exchange_types))
         .route("/api/nodes", get(nodes))
@@ -116,7 +116,7 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         "product_version": env!("CARGO_PKG_VERSION"),
         "product_name": "Sluice",
         "rabbitmq_version": RABBITMQ_VERSION_FOLLOWED,
-        "cluster_name": state.cluster_name,
+        "cluster_name": cluster_name_of(&state),
         "erlang_version": "none",
         "erlang_full_version": "none (Sluice is written in Rust)",
         "disable_stats": false,
@@ -142,8 +142,38 @@ async fn whoami(caller: Caller) -> Json<Value> {
     Json(json!({"name": caller.user, "tags": caller.tags}))
 }
 
+/// The `cluster_name` global parameter once set, else the first member's
+/// name, as RabbitMQ names a cluster after a node.
+pub fn cluster_name_of(state: &ManagementState) -> String {
+    match state.broker.global_parameter("cluster_name") {
+        Some(parameter) => match parameter.value {
+            Value::String(name) => name,
+            other => other.to_string(),
+        },
+        None => state.cluster_name.clone(),
+    }
+}
+
 async fn cluster_name(State(state): State<Arc<ManagementState>>, _caller: Caller) -> Json<Value> {
-    Json(json!({"name": state.cluster_name}))
+    Json(json!({"name": cluster_name_of(&state)}))
+}
+
+async fn set_cluster_name(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    body: super::body::JsonObject,
+) -> ApiResult<axum::http::StatusCode> {
+    caller.require_administrator()?;
+    let name = body.required_text("name")?.to_owned();
+    state
+        .broker
+        .metadata
+        .propose(sluice_core::metadata::MetadataCommand::SetGlobalParameter {
+            name: "cluster_name".to_owned(),
+            value: Value::String(name),
+        })
+        .await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
 /// The UI's plugins: none.

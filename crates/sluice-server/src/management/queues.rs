@@ -79,9 +79,14 @@ fn queue_json(
     object.insert("auto_delete".into(), json!(options.auto_delete));
     object.insert("exclusive".into(), json!(options.exclusive_owner.is_some()));
     object.insert("arguments".into(), table_to_json(&options.arguments));
+    let policy = state.broker.queue_policy(&vhost.name, queue.name());
     object.insert(
         "policy".into(),
-        json!(vhost.queue_policy_name(queue.name())),
+        json!(policy.as_ref().map(|policy| &policy.name)),
+    );
+    object.insert(
+        "effective_policy_definition".into(),
+        policy.map_or_else(|| json!({}), |policy| Value::Object(policy.definition)),
     );
     object.insert(
         "state".into(),
