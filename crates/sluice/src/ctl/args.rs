@@ -89,6 +89,8 @@ impl ApplyTo {
     }
 }
 
+// snake_case names the commands as rabbitmqctl does; it also applies to the
+// commands' own options, so those spell their long names out.
 #[derive(Debug, Subcommand)]
 #[command(rename_all = "snake_case")]
 pub enum CtlCommand {
@@ -119,7 +121,12 @@ pub enum CtlCommand {
     /// Creates a user (with no tags)
     AddUser {
         name: String,
-        #[arg(allow_hyphen_values = true)]
+        // Its own id: clap would otherwise take it for the global --password.
+        #[arg(
+            id = "new_password",
+            value_name = "PASSWORD",
+            allow_hyphen_values = true
+        )]
         password: String,
     },
     /// Deletes a user, closing its connections
@@ -127,7 +134,12 @@ pub enum CtlCommand {
     /// Sets a user's password
     ChangePassword {
         name: String,
-        #[arg(allow_hyphen_values = true)]
+        // Its own id: clap would otherwise take it for the global --password.
+        #[arg(
+            id = "new_password",
+            value_name = "PASSWORD",
+            allow_hyphen_values = true
+        )]
         password: String,
     },
     /// Replaces a user's tags (none clears them)
@@ -162,10 +174,10 @@ pub enum CtlCommand {
     /// Sets a policy in the vhost: DEFINITION is a JSON object such as '{"max-length":1000}'
     SetPolicy {
         /// Which policy wins when several match (the highest)
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        #[arg(long = "priority", default_value_t = 0, allow_negative_numbers = true)]
         priority: i64,
         /// What the policy applies to
-        #[arg(long, value_enum, default_value_t = ApplyTo::All)]
+        #[arg(long = "apply-to", value_enum, default_value_t = ApplyTo::All)]
         apply_to: ApplyTo,
         name: String,
         #[arg(allow_hyphen_values = true)]
@@ -200,10 +212,10 @@ pub enum CtlCommand {
     DeleteQueue {
         name: String,
         /// Only if it has no messages
-        #[arg(short = 'e', long, visible_alias = "if_empty")]
+        #[arg(short = 'e', long = "if-empty", visible_alias = "if_empty")]
         if_empty: bool,
         /// Only if it has no consumers
-        #[arg(short = 'u', long, visible_alias = "if_unused")]
+        #[arg(short = 'u', long = "if-unused", visible_alias = "if_unused")]
         if_unused: bool,
     },
 }
