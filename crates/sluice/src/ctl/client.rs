@@ -140,9 +140,11 @@ impl Subject {
     }
 }
 
-/// One answer: its status and body text.
+/// One answer: the request it answers, its status and body text.
 #[derive(Debug)]
 pub struct Answer {
+    pub method: String,
+    pub path: String,
     pub status: u16,
     pub text: String,
 }
@@ -223,7 +225,12 @@ impl Client {
             .limit(RESPONSE_BYTES_MAX)
             .read_to_string()
             .map_err(|error| self.transport_error(error))?;
-        Ok(Answer { status, text })
+        Ok(Answer {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            status,
+            text,
+        })
     }
 
     fn transport_error(&self, error: ureq::Error) -> CtlError {
@@ -307,23 +314,39 @@ impl Client {
                 user: self.user.clone(),
                 reason,
             },
-            404 => self.not_found(subject),
+            404 => self.not_found(answer, subject),
             400..500 => CtlError::Refused(reason),
             status => CtlError::Unexpected(format!("status {status}: {reason}")),
         }
     }
 
-    fn not_found(&self, subject: &Subject) -> CtlError {
-        if let Subject::InVhost { vhost, .. } = subject {
-            let vhost_subject = Subject::Vhost(vhost.clone());
-            if let Ok(false) = self.exists(&api_path(&["vhosts", vhost]), &vhost_subject) {
-                return self.not_found(&vhost_subject);
+    /// A 404 about `subject`. Where the subject lies in a vhost, the vhost
+    /// is looked up: it may be what is missing. When it exists, a 404 for
+    /// the vhost's own listing or for a PUT (which creates) cannot be about
+    /// the object: the node does not serve that path at all.
+    fn not_found(&self, answer: &Answer, subject: &Subject) -> CtlError {
+        let vhost = match subject {
+            Subject::Vhost(vhost) | Subject::InVhost { vhost, .. } => vhost,
+            _ => return missing(subject),
+        };
+        let vhost_subject = Subject::Vhost(vhost.clone());
+        match self.exists(&api_path(&["vhosts", vhost]), &vhost_subject) {
+            Ok(false) => missing(&vhost_subject),
+            Ok(true) if matches!(subject, Subject::Vhost(_)) || answer.method == "PUT" => {
+                CtlError::NotServed {
+                    method: answer.method.clone(),
+                    path: answer.path.clone(),
+                }
             }
+            _ => missing(subject),
         }
-        CtlError::NotFound {
-            what: subject.description(),
-            is_user: matches!(subject, Subject::User(_)),
-        }
+    }
+}
+
+fn missing(subject: &Subject) -> CtlError {
+    CtlError::NotFound {
+        what: subject.description(),
+        is_user: matches!(subject, Subject::User(_)),
     }
 }
 

@@ -73,6 +73,11 @@ pub enum CtlError {
     #[error("{0}")]
     CheckFailed(String),
 
+    /// A 404 for a path itself rather than for an object: an endpoint this
+    /// node does not have.
+    #[error("the node does not serve {method} {path} (404); it may be older than this command")]
+    NotServed { method: String, path: String },
+
     /// A status or body no version of the API gives.
     #[error("unexpected answer from the node: {0}")]
     Unexpected(String),
@@ -90,9 +95,10 @@ impl CtlError {
             }
             CtlError::NotFound { is_user: true, .. } => ExitStatus::NoUser,
             CtlError::NotFound { is_user: false, .. } => ExitStatus::DataError,
-            CtlError::Refused(_) | CtlError::AlreadyExists(_) | CtlError::Unexpected(_) => {
-                ExitStatus::Software
-            }
+            CtlError::Refused(_)
+            | CtlError::AlreadyExists(_)
+            | CtlError::NotServed { .. }
+            | CtlError::Unexpected(_) => ExitStatus::Software,
         }
     }
 }
