@@ -131,7 +131,7 @@ impl Subject {
 
     fn description(&self) -> String {
         match self {
-            Subject::Node => "the requested resource".to_owned(),
+            Subject::Node => "the node's resource".to_owned(),
             Subject::Vhost(name) => format!("vhost '{name}'"),
             Subject::User(name) => format!("user '{name}'"),
             Subject::Connection(name) => format!("connection '{name}'"),
@@ -327,19 +327,25 @@ impl Client {
     fn not_found(&self, answer: &Answer, subject: &Subject) -> CtlError {
         let vhost = match subject {
             Subject::Vhost(vhost) | Subject::InVhost { vhost, .. } => vhost,
-            _ => return missing(subject),
+            // The node's own paths name nothing that could be missing.
+            Subject::Node => return not_served(answer),
+            Subject::User(_) | Subject::Connection(_) => return missing(subject),
         };
         let vhost_subject = Subject::Vhost(vhost.clone());
         match self.exists(&api_path(&["vhosts", vhost]), &vhost_subject) {
             Ok(false) => missing(&vhost_subject),
             Ok(true) if matches!(subject, Subject::Vhost(_)) || answer.method == "PUT" => {
-                CtlError::NotServed {
-                    method: answer.method.clone(),
-                    path: answer.path.clone(),
-                }
+                not_served(answer)
             }
             _ => missing(subject),
         }
+    }
+}
+
+fn not_served(answer: &Answer) -> CtlError {
+    CtlError::NotServed {
+        method: answer.method.clone(),
+        path: answer.path.clone(),
     }
 }
 
