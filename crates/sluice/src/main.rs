@@ -1,6 +1,9 @@
 //! The `sluice` binary. `sluice server` runs the broker: it loads the configuration
 //! (defaults, then the `--config` file, then flags), sets up logging, and serves AMQP 0-9-1
 //! until SIGINT or SIGTERM. `sluice perf` is the load generator (crate `sluice-perf`).
+//! `sluice ctl` is the operator's command line over a node's management API ([`ctl`]).
+
+mod ctl;
 
 use std::future::Future;
 use std::io::IsTerminal as _;
@@ -38,6 +41,13 @@ enum Command {
     /// As in PerfTest, `-h` is the broker URI; use `--help` for help.
     // Boxed: PerfArgs is several times larger than the other variants.
     Perf(Box<sluice_perf::PerfArgs>),
+
+    /// Manage a running node through its management API, with rabbitmqctl's commands.
+    ///
+    /// Exit status: 0 done, 64 bad command line, 65 bad input or a missing vhost or
+    /// object, 67 missing user, 69 node unreachable or health check failed, 70 refused by
+    /// the node, 75 timed out, 77 credentials refused.
+    Ctl(ctl::args::CtlArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,22 +93,25 @@ fn main() -> ExitCode {
         arguments.truncate(2);
         arguments.extend(kept);
     }
+    let is_ctl = arguments.get(1).map(String::as_str) == Some("ctl");
     let cli = match Cli::try_parse_from(arguments) {
         Ok(cli) => cli,
         Err(err) => {
-            // --help and --version are not failures; every other start-up error exits 1.
+            // --help and --version are not failures; every other start-up error exits 1,
+            // or 64 for `sluice ctl`, rabbitmqctl's status for a bad command line.
             let failed = err.use_stderr();
             let _ = err.print();
-            return if failed {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
+            return match (failed, is_ctl) {
+                (false, _) => ExitCode::SUCCESS,
+                (true, true) => ctl::error::ExitStatus::Usage.into(),
+                (true, false) => ExitCode::FAILURE,
             };
         }
     };
     let result = match cli.command {
         Command::Server(args) => server(args),
         Command::Perf(args) => sluice_perf::main(*args).map_err(anyhow::Error::new),
+        Command::Ctl(args) => return ctl::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
