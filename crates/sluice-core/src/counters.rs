@@ -54,6 +54,14 @@ pub struct MessageCounters {
     pub refused: Counter,
     /// Sent to consumers or fetched with basic.get.
     pub delivered: Counter,
+    /// Of those, fetched with basic.get.
+    pub delivered_get: Counter,
+    /// Of those fetched, with no_ack (acknowledged automatically).
+    pub delivered_get_no_ack: Counter,
+    /// Of those sent to consumers, to no_ack consumers.
+    pub delivered_consume_no_ack: Counter,
+    /// basic.get that found the queue empty.
+    pub get_empty: Counter,
     pub delivered_bytes: Counter,
     /// Of those, sent again after a requeue or a restart.
     pub redelivered: Counter,
@@ -62,6 +70,28 @@ pub struct MessageCounters {
     /// Left a queue unconsumed: expired, over a length limit, rejected
     /// without requeue, purged.
     pub dropped: Counter,
+}
+
+/// How a message left for a client: RabbitMQ counts consumers' deliveries
+/// and basic.get apart, each with manual or automatic acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveredBy {
+    Consume { no_ack: bool },
+    Get { no_ack: bool },
+}
+
+impl MessageCounts {
+    /// Sent to consumers that acknowledge.
+    pub fn consume_manual_ack(&self) -> u64 {
+        self.delivered
+            .saturating_sub(self.delivered_get)
+            .saturating_sub(self.delivered_consume_no_ack)
+    }
+
+    /// Fetched with basic.get, to be acknowledged.
+    pub fn get_manual_ack(&self) -> u64 {
+        self.delivered_get.saturating_sub(self.delivered_get_no_ack)
+    }
 }
 
 /// [`MessageCounters`] read at one moment.
@@ -75,6 +105,10 @@ pub struct MessageCounts {
     pub confirmed: u64,
     pub refused: u64,
     pub delivered: u64,
+    pub delivered_get: u64,
+    pub delivered_get_no_ack: u64,
+    pub delivered_consume_no_ack: u64,
+    pub get_empty: u64,
     pub delivered_bytes: u64,
     pub redelivered: u64,
     pub acked: u64,
@@ -92,6 +126,10 @@ impl MessageCounters {
             confirmed: self.confirmed.get(),
             refused: self.refused.get(),
             delivered: self.delivered.get(),
+            delivered_get: self.delivered_get.get(),
+            delivered_get_no_ack: self.delivered_get_no_ack.get(),
+            delivered_consume_no_ack: self.delivered_consume_no_ack.get(),
+            get_empty: self.get_empty.get(),
             delivered_bytes: self.delivered_bytes.get(),
             redelivered: self.redelivered.get(),
             acked: self.acked.get(),
@@ -99,13 +137,23 @@ impl MessageCounters {
         }
     }
 
-    /// A message sent to a consumer or fetched.
+    /// A message sent to a consumer or fetched, `how`.
     #[inline]
-    pub fn count_delivery(&self, body_bytes: usize, redelivered: bool) {
+    pub fn count_delivery(&self, body_bytes: usize, redelivered: bool, how: DeliveredBy) {
         self.delivered.add(1);
         self.delivered_bytes.add(body_bytes as u64);
         if redelivered {
             self.redelivered.add(1);
+        }
+        match how {
+            DeliveredBy::Consume { no_ack: false } => {}
+            DeliveredBy::Consume { no_ack: true } => self.delivered_consume_no_ack.add(1),
+            DeliveredBy::Get { no_ack } => {
+                self.delivered_get.add(1);
+                if no_ack {
+                    self.delivered_get_no_ack.add(1);
+                }
+            }
         }
     }
 
@@ -127,6 +175,10 @@ impl std::ops::AddAssign for MessageCounts {
         self.confirmed += other.confirmed;
         self.refused += other.refused;
         self.delivered += other.delivered;
+        self.delivered_get += other.delivered_get;
+        self.delivered_get_no_ack += other.delivered_get_no_ack;
+        self.delivered_consume_no_ack += other.delivered_consume_no_ack;
+        self.get_empty += other.get_empty;
         self.delivered_bytes += other.delivered_bytes;
         self.redelivered += other.redelivered;
         self.acked += other.acked;

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use sluice_core::counters::MessageCounters;
+use sluice_core::counters::{DeliveredBy, MessageCounters};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::{Message, QueuedMessage};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, Queue};
@@ -105,13 +105,13 @@ impl ChannelDeliveries {
     }
 
     /// A message sent on this channel, counted here and in the vhost.
-    fn count_delivery(&self, message: &Message, redelivered: bool) {
+    fn count_delivery(&self, message: &Message, redelivered: bool, how: DeliveredBy) {
         let body_bytes = message.body_size();
-        self.counters.count_delivery(body_bytes, redelivered);
+        self.counters.count_delivery(body_bytes, redelivered, how);
         self.vhost
             .counters()
             .local()
-            .count_delivery(body_bytes, redelivered);
+            .count_delivery(body_bytes, redelivered, how);
     }
 
     fn lock(&self) -> MutexGuard<'_, DeliveryState> {
@@ -218,7 +218,11 @@ impl ChannelDeliveries {
         let mut state = self.lock();
         let delivery_tag = state.next_delivery_tag;
         state.next_delivery_tag += 1;
-        self.count_delivery(&entry.message, entry.redelivered);
+        self.count_delivery(
+            &entry.message,
+            entry.redelivered,
+            DeliveredBy::Get { no_ack },
+        );
         let message = &entry.message;
         self.outbox.append(|out| {
             encode_get_ok(
@@ -405,7 +409,13 @@ impl DeliverySink for ChannelDeliveries {
             return false;
         }
         state.next_delivery_tag += 1;
-        self.count_delivery(&entry.message, entry.redelivered);
+        self.count_delivery(
+            &entry.message,
+            entry.redelivered,
+            DeliveredBy::Consume {
+                no_ack: consumer.no_ack,
+            },
+        );
         if !consumer.no_ack {
             consumer.unacked.fetch_add(1, Ordering::AcqRel);
             state.unacked.push_back(Unacked {
@@ -450,7 +460,8 @@ impl ReplySink for ChannelDeliveries {
         });
         if written {
             state.next_delivery_tag += 1;
-            self.count_delivery(message, false);
+            // Reply consumers never acknowledge.
+            self.count_delivery(message, false, DeliveredBy::Consume { no_ack: true });
         } else {
             tracing::debug!(
                 channel = self.channel_id,

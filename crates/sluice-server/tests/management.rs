@@ -331,6 +331,18 @@ async fn management_api_declares_publishes_gets_and_deletes_what_clients_see() {
     // Requeued, and redelivered to the next reader.
     let delivery = get_body(&channel, "jobs", true).await;
     assert_eq!(delivery.as_deref(), Some(&b"from amqp"[..]));
+    // Counted as RabbitMQ counts them: two gets to acknowledge (the API's),
+    // one with automatic acknowledgement (the client's).
+    let stats = &get(&server, "/api/queues/%2F/jobs").await["message_stats"];
+    assert_eq!(
+        (stats["get"].as_u64(), stats["get_no_ack"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(
+        (stats["deliver"].as_u64(), stats["deliver_get"].as_u64()),
+        (Some(0), Some(3))
+    );
+    assert_eq!(stats["redeliver"], 1);
     let purged = request(
         &server,
         "DELETE",

@@ -169,6 +169,27 @@ async fn prometheus_metrics_follow_what_clients_do_under_rabbitmqs_names() {
         ),
         Some(3.0)
     );
+    // The dashboards chart deliveries by how they were taken.
+    assert!(get_body(&channel, "metered", true).await.is_none());
+    let split = scrape(&server, "/metrics").await;
+    for (metric, expected) in [
+        (
+            "rabbitmq_global_messages_delivered_get_manual_ack_total",
+            3.0,
+        ),
+        ("rabbitmq_global_messages_delivered_get_auto_ack_total", 0.0),
+        (
+            "rabbitmq_global_messages_delivered_consume_manual_ack_total",
+            0.0,
+        ),
+        ("rabbitmq_global_messages_get_empty_total", 1.0),
+    ] {
+        assert_eq!(
+            value(&split, metric, &[("protocol", "amqp091")]),
+            Some(expected),
+            "{metric}"
+        );
+    }
     channel
         .queue_delete("metered".into(), Default::default())
         .await

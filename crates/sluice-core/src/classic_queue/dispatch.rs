@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::state::QueueState;
 use super::ClassicQueue;
+use crate::counters::DeliveredBy;
 use crate::dead_letter::DeathReason;
 use crate::expiry::now_us;
 use crate::message::QueuedMessage;
@@ -113,8 +114,11 @@ impl ClassicQueue {
                 }
                 state.ready_bytes -= body_size;
                 state.resident_bytes.remove(body_size);
-                self.counters
-                    .count_delivery(body_size as usize, entry.redelivered);
+                self.counters.count_delivery(
+                    body_size as usize,
+                    entry.redelivered,
+                    DeliveredBy::Consume { no_ack },
+                );
                 if !no_ack {
                     // The queue's until the channel settles it by offset.
                     state.unacked.insert(entry);
@@ -164,8 +168,11 @@ impl ClassicQueue {
             self.unlock(state);
             return None;
         };
-        self.counters
-            .count_delivery(entry.message.body_size(), entry.redelivered);
+        self.counters.count_delivery(
+            entry.message.body_size(),
+            entry.redelivered,
+            DeliveredBy::Get { no_ack },
+        );
         if !no_ack {
             state.unacked.insert(entry.clone());
         } else {

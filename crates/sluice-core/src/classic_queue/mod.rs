@@ -361,6 +361,10 @@ impl Queue for ClassicQueue {
         self.counters.counts()
     }
 
+    fn count_get_empty(&self) {
+        self.counters.get_empty.add(1);
+    }
+
     fn message_count(&self) -> u32 {
         self.lock().ready_count() as u32
     }

@@ -204,6 +204,10 @@ pub trait Queue: Send + Sync {
         None
     }
 
+    /// A basic.get found the queue empty: counted where the queue keeps its
+    /// counters (a queue of another node is counted there, not here).
+    fn count_get_empty(&self) {}
+
     /// A replicated queue's leader, as this node knows it; None for a
     /// queue that has no leader (a classic queue lives on its home node).
     fn leader(&self) -> Option<String> {

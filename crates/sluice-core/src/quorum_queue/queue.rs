@@ -35,7 +35,7 @@ use super::proposer::{wall_ms, Proposer, Waiter};
 use super::replication::{GroupSpec, QuorumGroups, ReplicatedLog, ReplicatedMachine};
 use crate::arguments::{as_strict_integer, as_text, parse_expiration};
 use crate::confirm::{ForwardedConfirm, PendingSafety};
-use crate::counters::{MessageCounters, MessageCounts};
+use crate::counters::{DeliveredBy, MessageCounters, MessageCounts};
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::NEVER;
@@ -669,8 +669,13 @@ impl QuorumQueue {
         let handle = || self.arc() as Arc<dyn Queue>;
         let taken = consumer.sink.deliver(consumer, &handle, entry);
         if taken {
-            self.counters
-                .count_delivery(entry.message.body_size(), entry.redelivered);
+            self.counters.count_delivery(
+                entry.message.body_size(),
+                entry.redelivered,
+                DeliveredBy::Consume {
+                    no_ack: consumer.no_ack,
+                },
+            );
         }
         taken
     }
@@ -1096,9 +1101,11 @@ impl ForwardHome for QuorumQueue {
                     let body = lock(&queue.member)
                         .take_get(delivery)
                         .ok_or_else(|| failed("the message was not kept".to_owned()))?;
-                    queue
-                        .counters
-                        .count_delivery(body.body_size(), message.delivery_count > 0);
+                    queue.counters.count_delivery(
+                        body.body_size(),
+                        message.delivery_count > 0,
+                        DeliveredBy::Get { no_ack },
+                    );
                     Ok(Some((
                         QueuedMessage {
                             offset: message_id(GET_SLOT, delivery),
@@ -1294,6 +1301,10 @@ impl Queue for QuorumQueue {
 
     fn counts(&self) -> MessageCounts {
         self.counters.counts()
+    }
+
+    fn count_get_empty(&self) {
+        self.counters.get_empty.add(1);
     }
 
     /// Redeclared: its `x-expires` countdown starts again, on every

@@ -135,10 +135,7 @@ impl Channel {
                             .deliveries
                             .deliver_get(&queue, entry, message_count, no_ack)
                     }
-                    None => channel.reply(
-                        context,
-                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-                    ),
+                    None => channel.get_empty(context, &queue),
                 }
                 Ok(())
             });
@@ -149,12 +146,21 @@ impl Channel {
                 self.deliveries
                     .deliver_get(&queue, entry, message_count, get.no_ack)
             }
-            None => self.reply(
-                context,
-                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-            ),
+            None => self.get_empty(context, &queue),
         }
         Ok(())
+    }
+
+    /// basic.get-empty, counted where RabbitMQ counts it: the channel, the
+    /// vhost and the queue.
+    fn get_empty(&self, context: &ConnectionContext, queue: &Arc<dyn Queue>) {
+        self.deliveries.counters().get_empty.add(1);
+        context.vhost.counters().local().get_empty.add(1);
+        queue.count_get_empty();
+        self.reply(
+            context,
+            AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+        );
     }
 
     /// The tag a consumer gets: the one asked for, or a fresh

@@ -47,7 +47,7 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         if !caller.sees_vhost(&vhost.name) {
             continue;
         }
-        super::rates::add_counts(&mut counts, &vhost.counts());
+        counts += vhost.counts();
         exchanges += vhost.exchanges().len() as u64;
         for queue in vhost.queues() {
             queues += 1;

@@ -46,6 +46,11 @@ pub struct Rates {
     pub published: f64,
     pub confirmed: f64,
     pub delivered: f64,
+    pub consume_manual_ack: f64,
+    pub consume_no_ack: f64,
+    pub get_manual_ack: f64,
+    pub get_no_ack: f64,
+    pub get_empty: f64,
     pub redelivered: f64,
     pub acked: f64,
     pub returned_unroutable: f64,
@@ -102,10 +107,19 @@ fn rates_between(before: &Reading, after: &Reading, seconds: f64) -> Rates {
     let rate = |before: u64, after: u64| after.saturating_sub(before) as f64 / seconds;
     // Depths go down as well as up.
     let change = |before: u64, after: u64| (after as f64 - before as f64) / seconds;
+    let (early, late) = (&before.counts, &after.counts);
     Rates {
         published: rate(before.counts.published, after.counts.published),
         confirmed: rate(before.counts.confirmed, after.counts.confirmed),
         delivered: rate(before.counts.delivered, after.counts.delivered),
+        consume_manual_ack: rate(early.consume_manual_ack(), late.consume_manual_ack()),
+        consume_no_ack: rate(
+            early.delivered_consume_no_ack,
+            late.delivered_consume_no_ack,
+        ),
+        get_manual_ack: rate(early.get_manual_ack(), late.get_manual_ack()),
+        get_no_ack: rate(early.delivered_get_no_ack, late.delivered_get_no_ack),
+        get_empty: rate(early.get_empty, late.get_empty),
         redelivered: rate(before.counts.redelivered, after.counts.redelivered),
         acked: rate(before.counts.acked, after.counts.acked),
         returned_unroutable: rate(
@@ -130,16 +144,40 @@ pub fn with_rate(map: &mut Map<String, Value>, name: &str, value: u64, rate: f64
     map.insert(format!("{name}_details"), json!({ "rate": round(rate) }));
 }
 
-/// `message_stats` as RabbitMQ writes it for an object with these counts.
-/// Sluice counts deliveries without telling basic.get from basic.consume
-/// or acknowledged from automatic ones, so only their sum,
-/// `deliver_get`, and `deliver` (the same sum) are given.
+/// `message_stats` as RabbitMQ writes it for an object with these counts:
+/// `deliver` and `deliver_no_ack` are consumers' deliveries with manual and
+/// automatic acknowledgement, `get` and `get_no_ack` basic.get's,
+/// `deliver_get` all four.
 pub fn message_stats(counts: &MessageCounts, rates: &Rates) -> Value {
     let mut stats = Map::new();
     with_rate(&mut stats, "publish", counts.published, rates.published);
     with_rate(&mut stats, "confirm", counts.confirmed, rates.confirmed);
     with_rate(&mut stats, "deliver_get", counts.delivered, rates.delivered);
-    with_rate(&mut stats, "deliver", counts.delivered, rates.delivered);
+    with_rate(
+        &mut stats,
+        "deliver",
+        counts.consume_manual_ack(),
+        rates.consume_manual_ack,
+    );
+    with_rate(
+        &mut stats,
+        "deliver_no_ack",
+        counts.delivered_consume_no_ack,
+        rates.consume_no_ack,
+    );
+    with_rate(
+        &mut stats,
+        "get",
+        counts.get_manual_ack(),
+        rates.get_manual_ack,
+    );
+    with_rate(
+        &mut stats,
+        "get_no_ack",
+        counts.delivered_get_no_ack,
+        rates.get_no_ack,
+    );
+    with_rate(&mut stats, "get_empty", counts.get_empty, rates.get_empty);
     with_rate(
         &mut stats,
         "redeliver",
@@ -207,7 +245,7 @@ fn read_all(state: &ManagementState) -> HashMap<RateKey, Reading> {
                 },
             );
         }
-        add_counts(&mut node.counts, &counts);
+        node.counts += counts;
         node.gauges[0] += depth[0];
         node.gauges[1] += depth[1];
         readings.insert(
@@ -222,7 +260,7 @@ fn read_all(state: &ManagementState) -> HashMap<RateKey, Reading> {
     for connection in state.connections.snapshots() {
         let mut counts = MessageCounts::default();
         for channel in &connection.channels {
-            add_counts(&mut counts, &channel.counts);
+            counts += channel.counts;
             readings.insert(
                 RateKey::Channel {
                     connection: connection.connection_id,
@@ -243,21 +281,6 @@ fn read_all(state: &ManagementState) -> HashMap<RateKey, Reading> {
         );
     }
     readings
-}
-
-pub fn add_counts(total: &mut MessageCounts, more: &MessageCounts) {
-    total.published += more.published;
-    total.published_bytes += more.published_bytes;
-    total.routed += more.routed;
-    total.returned_unroutable += more.returned_unroutable;
-    total.dropped_unroutable += more.dropped_unroutable;
-    total.confirmed += more.confirmed;
-    total.refused += more.refused;
-    total.delivered += more.delivered;
-    total.delivered_bytes += more.delivered_bytes;
-    total.redelivered += more.redelivered;
-    total.acked += more.acked;
-    total.dropped += more.dropped;
 }
 
 #[cfg(test)]

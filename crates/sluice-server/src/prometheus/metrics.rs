@@ -475,15 +475,7 @@ impl MetricsSources {
     fn global_counters(&self, families: &mut Vec<Family>) {
         let mut counts = MessageCounts::default();
         for vhost in self.broker.vhosts() {
-            let vhost_counts = vhost.counters().counts();
-            counts.published += vhost_counts.published;
-            counts.routed += vhost_counts.routed;
-            counts.dropped_unroutable += vhost_counts.dropped_unroutable;
-            counts.returned_unroutable += vhost_counts.returned_unroutable;
-            counts.confirmed += vhost_counts.confirmed;
-            counts.delivered += vhost_counts.delivered;
-            counts.redelivered += vhost_counts.redelivered;
-            counts.acked += vhost_counts.acked;
+            counts += vhost.counters().counts();
         }
         let protocol = || vec![("protocol".to_owned(), "amqp091".to_owned())];
         for (name, help, value) in [
@@ -516,6 +508,31 @@ impl MetricsSources {
                 "rabbitmq_global_messages_delivered",
                 "Total number of messages delivered to consumers",
                 counts.delivered,
+            ),
+            (
+                "rabbitmq_global_messages_delivered_consume_manual_ack",
+                "Total number of messages delivered to consumers using manual acknowledgement mode",
+                counts.consume_manual_ack(),
+            ),
+            (
+                "rabbitmq_global_messages_delivered_consume_auto_ack",
+                "Total number of messages delivered to consumers using automatic acknowledgement mode",
+                counts.delivered_consume_no_ack,
+            ),
+            (
+                "rabbitmq_global_messages_delivered_get_manual_ack",
+                "Total number of messages delivered to consumers via basic.get using manual acknowledgement mode",
+                counts.get_manual_ack(),
+            ),
+            (
+                "rabbitmq_global_messages_delivered_get_auto_ack",
+                "Total number of messages delivered to consumers via basic.get using automatic acknowledgement mode",
+                counts.delivered_get_no_ack,
+            ),
+            (
+                "rabbitmq_global_messages_get_empty",
+                "Total number of times basic.get operations fetched no message",
+                counts.get_empty,
             ),
             (
                 "rabbitmq_global_messages_redelivered",
