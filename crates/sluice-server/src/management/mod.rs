@@ -14,6 +14,7 @@
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
 //!   permissions), [`definitions`], [`health`].
+//! - [`ui`]: the web UI's static files, at `/` and `/ui/`.
 
 pub mod access;
 pub mod auth;
@@ -33,6 +34,7 @@ pub mod publish;
 pub mod queue_ops;
 pub mod queues;
 pub mod rates;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -124,6 +126,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(access::routes())
         .merge(definitions::routes())
         .merge(health::routes())
+        .merge(ui::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
