@@ -95,6 +95,8 @@ function fmtBytes(bytes) {
   return `${unit === 0 ? bytes : bytes.toFixed(1)} ${units[unit]}`;
 }
 
+const fmtByteRate = (value) => (value === undefined || value === null ? '' : `${fmtBytes(Math.round(value))}/s`);
+
 function fmtDuration(ms) {
   if (ms === undefined || ms === null) return '';
   if (ms < 1000) return `${ms} ms`;
@@ -172,12 +174,13 @@ function drawChart(canvas, samples) {
   const max = niceMax(Math.max(1, ...samples.flatMap((sample) => SERIES.map((s) => sample[s.key]))));
   g.font = '11px system-ui, sans-serif';
   g.lineWidth = 1;
-  for (let line = 0; line <= 4; line += 1) {
-    const y = top + ((bottom - top) * line) / 4;
+  // Five steps of a 1, 2 or 5 × 10^n maximum are round numbers too.
+  for (let line = 0; line <= 5; line += 1) {
+    const y = top + ((bottom - top) * line) / 5;
     g.strokeStyle = '#eaecf0';
     g.beginPath(); g.moveTo(left, y); g.lineTo(right, y); g.stroke();
     g.fillStyle = '#667085';
-    g.fillText(fmtRate((max * (4 - line)) / 4), 4, y + 4);
+    g.fillText(fmtRate((max * (5 - line)) / 5), 4, y + 4);
   }
   g.fillText('10 min ago', left, height - 6);
   g.fillText('now', right - 20, height - 6);
@@ -186,7 +189,8 @@ function drawChart(canvas, samples) {
   const x = (time) => right - ((right - left) * (now - time)) / span;
   const y = (value) => bottom - ((bottom - top) * value) / max;
   g.lineWidth = 2;
-  for (const series of SERIES) {
+  // Publish drawn last, on top: equal rates draw one line.
+  for (const series of [...SERIES].reverse()) {
     g.strokeStyle = g.fillStyle = series.color;
     g.beginPath();
     samples.forEach((sample, index) => {
@@ -296,8 +300,8 @@ function connectionsPage(main) {
       ['State', (c) => connectionState(c.state)],
       ['Time in flow', (c) => fmtDuration(c.time_in_flow_ms), 'num'],
       ['Channels', (c) => fmtNumber(c.channels), 'num'],
-      ['From client', (c) => fmtRate(rateOf(c, 'recv_oct')), 'num'],
-      ['To client', (c) => fmtRate(rateOf(c, 'send_oct')), 'num'],
+      ['From client', (c) => fmtByteRate(rateOf(c, 'recv_oct')), 'num'],
+      ['To client', (c) => fmtByteRate(rateOf(c, 'send_oct')), 'num'],
       ['', (c) => el('button', { type: 'button', class: 'danger', onclick: () => close(c) }, 'Close')],
     ], connections, (c) => c.name));
   }
@@ -395,8 +399,8 @@ function queuePage(main, vhost, name) {
     try {
       const messages = await api('POST', `${path}/get`, { body: {
         count: Number(count.value) || 1, ackmode: ackMode.value, encoding: 'auto', truncate: 50000 } });
-      getResults.replaceChildren(messages.length ? messages.map(messageView)
-        : el('p', { class: 'muted' }, 'Queue is empty.'));
+      getResults.replaceChildren(...(messages.length ? messages.map(messageView)
+        : [el('p', { class: 'muted' }, 'Queue is empty.')]));
     } catch (error) {
       report(getResults, error.message, true);
     }
