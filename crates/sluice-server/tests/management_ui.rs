@@ -68,15 +68,32 @@ async fn ui_serves_the_page_and_its_assets_with_their_types() {
     let server = start().await;
     let page = fetch(&server, "/", None).await;
     assert_eq!(page.status, 200);
-    assert_eq!(page.content_type.as_deref(), Some("text/html; charset=utf-8"));
+    assert_eq!(
+        page.content_type.as_deref(),
+        Some("text/html; charset=utf-8")
+    );
     assert_eq!(page.cache_control.as_deref(), Some("no-cache"));
-    assert!(page.body.contains(r#"<script src="/ui/app.js""#), "{}", page.body);
-    assert!(page.body.contains(r#"<link rel="stylesheet" href="/ui/app.css">"#));
+    assert!(
+        page.body.contains(r#"<script src="/ui/app.js""#),
+        "{}",
+        page.body
+    );
+    assert!(page
+        .body
+        .contains(r#"<link rel="stylesheet" href="/ui/app.css">"#));
     assert!(page.body.contains(r#"id="login-form""#));
 
     for (path, content_type, sample) in [
-        ("/ui/app.js", "text/javascript; charset=utf-8", "'/api' + path"),
-        ("/ui/app.css", "text/css; charset=utf-8", "canvas#rates-chart"),
+        (
+            "/ui/app.js",
+            "text/javascript; charset=utf-8",
+            "'/api' + path",
+        ),
+        (
+            "/ui/app.css",
+            "text/css; charset=utf-8",
+            "canvas#rates-chart",
+        ),
     ] {
         let asset = fetch(&server, path, None).await;
         assert_eq!(asset.status, 200, "{path}");
