@@ -15,6 +15,7 @@
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
 //!   permissions), [`limits_and_topics`], [`policies`] (and parameters),
 //!   [`definitions`], [`health`].
+//! - [`ui`]: the web UI's static files, at `/` and `/ui/`.
 
 pub mod access;
 pub mod auth;
@@ -37,6 +38,7 @@ pub mod publish;
 pub mod queue_ops;
 pub mod queues;
 pub mod rates;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -151,6 +153,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(definitions::routes())
         .merge(policies::routes())
         .merge(health::routes())
+        .merge(ui::routes())
         .fallback(|| async { error::ApiError::not_found() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
