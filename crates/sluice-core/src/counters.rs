@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// Shards of a counter that many threads write. The runtime has a worker
 /// thread per core; 16 covers machines up to 16 cores without sharing a
 /// shard, and beyond that threads share them (still correct, a little
-/// slower). 16 shards of one cache line each: 1 KiB per counted vhost.
+/// slower). Each shard is aligned to 128 bytes (two cache lines, against
+/// the adjacent-line prefetcher) and holds 18 counters, so 256 bytes: 4 KiB
+/// per counted vhost.
 pub const COUNTER_SHARDS: usize = 16;
 
 /// One count, added to with a relaxed atomic.
@@ -48,6 +50,8 @@ pub struct MessageCounters {
     pub returned_unroutable: Counter,
     /// Published without mandatory, reached no queue, dropped.
     pub dropped_unroutable: Counter,
+    /// Of those received, on channels in confirm mode.
+    pub received_confirm: Counter,
     /// Publisher confirms sent (basic.ack to a publisher).
     pub confirmed: Counter,
     /// Publishes refused (basic.nack to a publisher).
@@ -102,6 +106,7 @@ pub struct MessageCounts {
     pub routed: u64,
     pub returned_unroutable: u64,
     pub dropped_unroutable: u64,
+    pub received_confirm: u64,
     pub confirmed: u64,
     pub refused: u64,
     pub delivered: u64,
@@ -123,6 +128,7 @@ impl MessageCounters {
             routed: self.routed.get(),
             returned_unroutable: self.returned_unroutable.get(),
             dropped_unroutable: self.dropped_unroutable.get(),
+            received_confirm: self.received_confirm.get(),
             confirmed: self.confirmed.get(),
             refused: self.refused.get(),
             delivered: self.delivered.get(),
@@ -172,6 +178,7 @@ impl std::ops::AddAssign for MessageCounts {
         self.routed += other.routed;
         self.returned_unroutable += other.returned_unroutable;
         self.dropped_unroutable += other.dropped_unroutable;
+        self.received_confirm += other.received_confirm;
         self.confirmed += other.confirmed;
         self.refused += other.refused;
         self.delivered += other.delivered;

@@ -200,6 +200,28 @@ async fn prometheus_metrics_follow_what_clients_do_under_rabbitmqs_names() {
         Some(1.0)
     );
     assert_eq!(value(&deleted, "rabbitmq_queues", &[]), Some(0.0));
+    // A publish on a channel in confirm mode counts as one expecting a
+    // confirmation.
+    channel.confirm_select(Default::default()).await.unwrap();
+    publish(&channel, "", "nowhere", b"confirmed").await;
+    let confirming = scrape(&server, "/metrics").await;
+    let protocol = [("protocol", "amqp091")];
+    assert_eq!(
+        value(
+            &confirming,
+            "rabbitmq_global_messages_received_confirm_total",
+            &protocol
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &confirming,
+            "rabbitmq_global_messages_received_total",
+            &protocol
+        ),
+        Some(4.0)
+    );
 }
 
 #[tokio::test]
@@ -246,18 +268,48 @@ async fn prometheus_raft_metrics_follow_a_quorum_queues_log() {
         server.queue("replicated").message_count() == 2
     })
     .await;
-    let scrape = scrape(&server, "/metrics/per-object").await;
+    let per_object = scrape(&server, "/metrics/per-object").await;
     let queue = [("vhost", "/"), ("queue", "replicated")];
-    let term = value(&scrape, "rabbitmq_raft_term_total", &queue).expect("a term");
+    let term = value(&per_object, "rabbitmq_raft_term_total", &queue).expect("a term");
     assert!(term >= 1.0, "{term}");
-    let written = value(&scrape, "rabbitmq_raft_log_last_written_index", &queue).unwrap();
-    let committed = value(&scrape, "rabbitmq_raft_log_commit_index", &queue).unwrap();
-    let applied = value(&scrape, "rabbitmq_raft_log_last_applied_index", &queue).unwrap();
+    let written = value(&per_object, "rabbitmq_raft_log_last_written_index", &queue).unwrap();
+    let committed = value(&per_object, "rabbitmq_raft_log_commit_index", &queue).unwrap();
+    let applied = value(&per_object, "rabbitmq_raft_log_last_applied_index", &queue).unwrap();
     // Two enqueues at least, each committed and applied before it counts.
     assert!(
         written >= 2.0 && committed >= 2.0 && applied >= 2.0,
         "{written} {committed} {applied}"
     );
     assert!(committed <= written);
-    assert!(value(&scrape, "rabbitmq_raft_log_snapshot_index", &queue).is_some());
+    assert!(value(&per_object, "rabbitmq_raft_log_snapshot_index", &queue).is_some());
+    // The enqueues took some time to commit, and less than a second here.
+    let latency = value(
+        &per_object,
+        "rabbitmq_raft_entry_commit_latency_seconds",
+        &queue,
+    )
+    .unwrap();
+    assert!(latency > 0.0 && latency < 1.0, "{latency}");
+    // Reported by the leader, as RabbitMQ reports a quorum queue.
+    assert_eq!(
+        value(&per_object, "rabbitmq_queue_messages_ready", &queue),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &per_object,
+            "rabbitmq_queue_messages_published_total",
+            &queue
+        ),
+        Some(2.0)
+    );
+    let aggregated = scrape(&server, "/metrics").await;
+    assert_eq!(
+        value(
+            &aggregated,
+            "rabbitmq_global_publishers",
+            &[("protocol", "amqp091")]
+        ),
+        Some(1.0)
+    );
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -217,6 +218,7 @@ impl ConsensusNode {
             members,
             transport,
             applied,
+            commit_latency_micros: AtomicU64::new(0),
         }))
     }
 }
@@ -230,6 +232,10 @@ pub struct GroupStatus {
     pub commit_index: u64,
     pub last_applied_index: u64,
     pub snapshot_index: u64,
+    /// How long this member's last proposal took to be committed and
+    /// applied (RabbitMQ's `rabbitmq_raft_entry_commit_latency_seconds`);
+    /// zero before its first.
+    pub commit_latency: Duration,
 }
 
 pub struct RaftGroup {
@@ -240,6 +246,8 @@ pub struct RaftGroup {
     members: BTreeMap<u64, NodeName>,
     transport: Arc<Transport>,
     applied: watch::Receiver<u64>,
+    /// See [`GroupStatus::commit_latency`], in microseconds.
+    commit_latency_micros: AtomicU64,
 }
 
 impl RaftGroup {
@@ -289,6 +297,9 @@ impl RaftGroup {
             commit_index: index(&metrics.local_committed),
             last_applied_index: index(&metrics.last_applied),
             snapshot_index: index(&metrics.snapshot),
+            commit_latency: Duration::from_micros(
+                self.commit_latency_micros.load(Ordering::Relaxed),
+            ),
         }
     }
 
@@ -348,7 +359,8 @@ impl RaftGroup {
         timeout: Duration,
         applied: Applied,
     ) -> Result<Bytes, ProposeError> {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -360,7 +372,12 @@ impl RaftGroup {
                 Leader::Unknown => Attempt::Retry,
             };
             match attempt {
-                Attempt::Done(reply) => return Ok(reply),
+                Attempt::Done(reply) => {
+                    let took = started.elapsed().as_micros();
+                    self.commit_latency_micros
+                        .store(u64::try_from(took).unwrap_or(u64::MAX), Ordering::Relaxed);
+                    return Ok(reply);
+                }
                 Attempt::Failed(error) => return Err(error),
                 Attempt::Retry => {
                     let left = deadline.saturating_duration_since(Instant::now());

@@ -233,6 +233,10 @@ impl Channel {
         )?;
         let counters = self.deliveries.counters();
         counters.count_publish(published.message.body_size());
+        if self.confirms.is_some() {
+            counters.received_confirm.add(1);
+            context.vhost.counters().local().received_confirm.add(1);
+        }
         match (published.routed, publish.mandatory) {
             (true, _) => counters.routed.add(1),
             (false, true) => counters.returned_unroutable.add(1),

@@ -51,10 +51,9 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         exchanges += vhost.exchanges().len() as u64;
         for queue in vhost.queues() {
             queues += 1;
-            if queue.forwarded().is_some() {
+            let Some(stats) = super::queue_ops::stats_here(&queue) else {
                 continue;
-            }
-            let stats = queue.stats();
+            };
             consumers += stats.consumers as u64;
             ready += stats.messages_ready as u64;
             unacked += stats.messages_unacknowledged;

@@ -9,6 +9,7 @@ use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::QueuedMessage;
 use sluice_core::queue::forwarding::Settlement;
 use sluice_core::queue::{MessageId, Queue, QueueStats};
+use sluice_core::queue_type::QueueType;
 
 use super::ManagementState;
 
@@ -22,6 +23,17 @@ pub fn find(state: &ManagementState, vhost: &str, name: &str) -> AmqpResult<Arc<
         .into_iter()
         .find(|queue| queue.name().as_ref() == name)
         .ok_or_else(missing)
+}
+
+/// The queue's counts as this node holds them, without asking another:
+/// a classic queue of this node, or a quorum queue this node holds a
+/// member of (its applied state).
+pub fn stats_here(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
+    let held_here = match queue.queue_type() {
+        QueueType::Quorum => queue.home_node().is_none(),
+        _ => queue.forwarded().is_none(),
+    };
+    held_here.then(|| queue.stats())
 }
 
 pub async fn stats(queue: &Arc<dyn Queue>) -> AmqpResult<QueueStats> {

@@ -46,8 +46,8 @@ pub fn routes() -> Router<Arc<ManagementState>> {
 /// queue with a member here; its home node's otherwise (None when that
 /// node cannot answer: the queue is listed as down).
 async fn counts(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
-    if queue.queue_type() == QueueType::Quorum && queue.home_node().is_none() {
-        return Some(queue.stats());
+    if let Some(stats) = queue_ops::stats_here(queue) {
+        return Some(stats);
     }
     if queue.unavailable().is_some() {
         return None;

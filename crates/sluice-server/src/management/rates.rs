@@ -227,10 +227,9 @@ fn read_all(state: &ManagementState) -> HashMap<RateKey, Reading> {
         let counts = vhost.counts();
         let mut depth = [0u64; 2];
         for queue in vhost.queues() {
-            if queue.forwarded().is_some() {
+            let Some(stats) = super::queue_ops::stats_here(&queue) else {
                 continue;
-            }
-            let stats = queue.stats();
+            };
             let gauges = [stats.messages_ready as u64, stats.messages_unacknowledged];
             depth[0] += gauges[0];
             depth[1] += gauges[1];

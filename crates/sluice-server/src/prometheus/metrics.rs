@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use sluice_cluster::consensus::RaftGroup;
 use sluice_core::broker::Broker;
 use sluice_core::counters::MessageCounts;
+use sluice_core::queue_type::QueueType;
 use tokio::sync::watch;
 
 use crate::alarm::{free_disk_bytes, resident_bytes, AlarmLimits, Alarms};
@@ -34,6 +35,15 @@ pub enum Scope {
     Aggregated,
     /// One sample per queue or connection: `/metrics/per-object`.
     PerObject,
+}
+
+/// Whether this node reports `queue`: a classic queue of this node, or a
+/// quorum queue this node leads.
+fn reported_here(queue: &dyn sluice_core::queue::Queue, local: &str) -> bool {
+    match queue.queue_type() {
+        QueueType::Quorum => queue.leader().is_some_and(|leader| leader == local),
+        _ => queue.forwarded().is_none(),
+    }
 }
 
 /// What the metrics are read from.
@@ -197,12 +207,19 @@ impl MetricsSources {
             MetricType::Gauge,
         );
         let (mut queue_count, mut consumer_count) = (0u64, 0u64);
-        let mut totals = [0f64; 4];
+        let local = self.broker.node().name.to_string();
+        let mut published = Family::new(
+            "rabbitmq_queue_messages_published",
+            "Total number of messages published to queues",
+            MetricType::Counter,
+        );
+        let mut totals = [0f64; 5];
         for vhost in self.broker.vhosts() {
             for queue in vhost.queues() {
-                // Counted where the queue lives: a queue of another node
-                // is that node's to report.
-                if queue.forwarded().is_some() {
+                // Counted where the queue lives, once in the cluster: a
+                // classic queue by its node, a quorum queue by its
+                // leader's, as RabbitMQ reports them.
+                if !reported_here(queue.as_ref(), &local) {
                     continue;
                 }
                 queue_count += 1;
@@ -212,6 +229,7 @@ impl MetricsSources {
                     stats.messages_unacknowledged as f64,
                     (u64::from(stats.messages_ready) + stats.messages_unacknowledged) as f64,
                     stats.consumers as f64,
+                    queue.counts().published as f64,
                 ];
                 consumer_count += u64::from(stats.consumers);
                 if per_object {
@@ -219,9 +237,15 @@ impl MetricsSources {
                         ("vhost".to_owned(), vhost.name.to_string()),
                         ("queue".to_owned(), queue.name().to_string()),
                     ];
-                    for (family, value) in [&mut ready, &mut unacked, &mut depth, &mut consumers]
-                        .into_iter()
-                        .zip(values)
+                    for (family, value) in [
+                        &mut ready,
+                        &mut unacked,
+                        &mut depth,
+                        &mut consumers,
+                        &mut published,
+                    ]
+                    .into_iter()
+                    .zip(values)
                     {
                         family.samples.push((labels.clone(), value));
                     }
@@ -233,14 +257,20 @@ impl MetricsSources {
             }
         }
         if !per_object {
-            for (family, total) in [&mut ready, &mut unacked, &mut depth, &mut consumers]
-                .into_iter()
-                .zip(totals)
+            for (family, total) in [
+                &mut ready,
+                &mut unacked,
+                &mut depth,
+                &mut consumers,
+                &mut published,
+            ]
+            .into_iter()
+            .zip(totals)
             {
                 family.samples.push((Labels::new(), total));
             }
         }
-        families.extend([ready, unacked, depth, consumers]);
+        families.extend([ready, unacked, depth, consumers, published]);
         let mut incoming = Family::new(
             "rabbitmq_connection_incoming_bytes",
             "Total number of bytes received on a connection",
@@ -391,6 +421,23 @@ impl MetricsSources {
             consumer_count as f64,
         ));
         families.push(global_consumers);
+        // A publisher is a channel that has published, as RabbitMQ counts
+        // them (it counts one when a channel first publishes).
+        let publishers = connections
+            .iter()
+            .flat_map(|connection| &connection.channels)
+            .filter(|channel| channel.counts.published > 0)
+            .count();
+        let mut global_publishers = Family::new(
+            "rabbitmq_global_publishers",
+            "Current number of publishers",
+            MetricType::Gauge,
+        );
+        global_publishers.samples.push((
+            vec![("protocol".to_owned(), "amqp091".to_owned())],
+            publishers as f64,
+        ));
+        families.push(global_publishers);
     }
 
     /// Each quorum queue member's Raft term and log positions, as the
@@ -431,6 +478,13 @@ impl MetricsSources {
                 MetricType::Gauge,
             ),
         ];
+        // A latency does not add up: summed, it is the slowest member's.
+        let mut latency = Family::new(
+            "rabbitmq_raft_entry_commit_latency_seconds",
+            "Time taken for a log entry to be committed",
+            MetricType::Gauge,
+        );
+        let mut slowest = 0f64;
         let mut totals = [0f64; 5];
         for vhost in self.broker.vhosts() {
             for queue in vhost.queues() {
@@ -455,7 +509,11 @@ impl MetricsSources {
                     for (family, value) in raft_families.iter_mut().zip(values) {
                         family.samples.push((labels.clone(), value));
                     }
+                    latency
+                        .samples
+                        .push((labels, status.commit_latency.as_secs_f64()));
                 } else {
+                    slowest = slowest.max(status.commit_latency.as_secs_f64());
                     for (total, value) in totals.iter_mut().zip(values) {
                         *total += value;
                     }
@@ -466,8 +524,10 @@ impl MetricsSources {
             for (family, total) in raft_families.iter_mut().zip(totals) {
                 family.samples.push((Labels::new(), total));
             }
+            latency.samples.push((Labels::new(), slowest));
         }
         families.extend(raft_families);
+        families.push(latency);
     }
 
     /// RabbitMQ's global counters, for protocol `amqp091`: the sums of
@@ -483,6 +543,11 @@ impl MetricsSources {
                 "rabbitmq_global_messages_received",
                 "Total number of messages received from publishers",
                 counts.published,
+            ),
+            (
+                "rabbitmq_global_messages_received_confirm",
+                "Total number of messages received from publishers expecting confirmations",
+                counts.received_confirm,
             ),
             (
                 "rabbitmq_global_messages_routed",
