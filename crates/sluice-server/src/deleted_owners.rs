@@ -6,7 +6,9 @@
 //! closes its own connections. The task looks when the access control's
 //! generation moves (any change to users, vhosts or permissions), which
 //! it reads twice a second: an atomic load, nothing more, while nothing
-//! changes.
+//! changes. It acts once the generation has stood still for a look, so
+//! that a snapshot being installed (which empties and refills the tables)
+//! is never mistaken for a deletion.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,7 @@ pub fn start(
 ) {
     tokio::spawn(async move {
         let mut seen = broker.access.generation();
+        let mut changed = false;
         let mut ticks = tokio::time::interval(LOOK_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -35,11 +38,14 @@ pub fn start(
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
             let generation = broker.access.generation();
-            if generation == seen {
+            if generation != seen {
+                seen = generation;
+                changed = true;
                 continue;
             }
-            seen = generation;
-            close_orphans(&broker, &connections);
+            if std::mem::take(&mut changed) {
+                close_orphans(&broker, &connections);
+            }
         }
     });
 }
