@@ -15,6 +15,7 @@ use sluice_core::metadata::MetadataCommand;
 
 use super::auth::Caller;
 use super::body::JsonObject;
+use super::change;
 use super::error::{ApiError, ApiResult};
 use super::list_query::ListQuery;
 use super::rates::{message_stats, RateKey};
@@ -108,16 +109,7 @@ async fn put_vhost(
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
     let existed = state.broker.vhost(&name).is_some();
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::PutVhost { name })
-        .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    change::put(&state, existed, MetadataCommand::PutVhost { name }).await
 }
 
 async fn delete_vhost(
@@ -126,15 +118,8 @@ async fn delete_vhost(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
-    if state.broker.vhost(&name).is_none() {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::DeleteVhost { name })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.vhost(&name).is_some();
+    change::delete(&state, exists, MetadataCommand::DeleteVhost { name }).await
 }
 
 fn user_json(user: &UserDefinition) -> Value {
@@ -238,16 +223,12 @@ async fn put_user(
             },
         }
     };
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::PutUser { user })
-        .await?;
-    Ok(if existing.is_some() {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    change::put(
+        &state,
+        existing.is_some(),
+        MetadataCommand::PutUser { user },
+    )
+    .await
 }
 
 async fn delete_user(
@@ -256,15 +237,8 @@ async fn delete_user(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
-    if !state.broker.access.user_exists(&name) {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::DeleteUser { name })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.access.user_exists(&name);
+    change::delete(&state, exists, MetadataCommand::DeleteUser { name }).await
 }
 
 fn permission_json(permission: &PermissionDefinition) -> Value {
@@ -375,16 +349,12 @@ async fn put_permission(
         write: body.required_text("write")?.to_owned(),
         read: body.required_text("read")?.to_owned(),
     };
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::SetPermissions { permissions })
-        .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    change::put(
+        &state,
+        existed,
+        MetadataCommand::SetPermissions { permissions },
+    )
+    .await
 }
 
 async fn delete_permission(
@@ -393,13 +363,11 @@ async fn delete_permission(
     Path((vhost, user)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
-    if state.broker.access.permissions(&user, &vhost).is_none() {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::ClearPermissions { user, vhost })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.access.permissions(&user, &vhost).is_some();
+    change::delete(
+        &state,
+        exists,
+        MetadataCommand::ClearPermissions { user, vhost },
+    )
+    .await
 }

@@ -13,6 +13,7 @@ use sluice_core::metadata::MetadataCommand;
 
 use super::auth::Caller;
 use super::body::JsonObject;
+use super::change;
 use super::error::{ApiError, ApiResult};
 use super::list_query::ListQuery;
 use super::ManagementState;
@@ -110,16 +111,12 @@ async fn put_topic_permissions(
         write: body.required_text("write")?.to_owned(),
         read: body.required_text("read")?.to_owned(),
     };
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::SetTopicPermissions { permissions })
-        .await?;
-    Ok(if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    })
+    change::put(
+        &state,
+        existed,
+        MetadataCommand::SetTopicPermissions { permissions },
+    )
+    .await
 }
 
 async fn delete_topic_permissions(

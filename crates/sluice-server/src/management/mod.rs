@@ -21,6 +21,7 @@ pub mod access;
 pub mod auth;
 pub mod bindings;
 pub mod body;
+pub mod change;
 pub mod channels;
 pub mod config;
 pub mod connections;

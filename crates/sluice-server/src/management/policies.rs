@@ -16,6 +16,7 @@ use sluice_core::runtime_parameters::{validate_parameter, ParameterJson};
 
 use super::auth::Caller;
 use super::body::JsonObject;
+use super::change;
 use super::error::{ApiError, ApiResult};
 use super::list_query::ListQuery;
 use super::ManagementState;
@@ -143,12 +144,7 @@ async fn put_policy(
     validate_policy(&policy)
         .map_err(|error| ApiError::bad_request(escaped(&error.rabbitmq_text())))?;
     let existed = state.broker.policy(&vhost, &name).is_some();
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::SetPolicy { policy })
-        .await?;
-    Ok(created_or_replaced(existed))
+    change::put(&state, existed, MetadataCommand::SetPolicy { policy }).await
 }
 
 /// A JSON value as RabbitMQ's texts print the Erlang term it became.
@@ -159,14 +155,6 @@ fn erlang_term(value: &Value) -> String {
     }
 }
 
-fn created_or_replaced(existed: bool) -> StatusCode {
-    if existed {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::CREATED
-    }
-}
-
 async fn delete_policy(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,
@@ -174,15 +162,8 @@ async fn delete_policy(
 ) -> ApiResult<StatusCode> {
     caller.require_policymaker()?;
     caller.require_vhost(&vhost)?;
-    if state.broker.policy(&vhost, &name).is_none() {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::ClearPolicy { vhost, name })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.policy(&vhost, &name).is_some();
+    change::delete(&state, exists, MetadataCommand::ClearPolicy { vhost, name }).await
 }
 
 /// Parameters are for policymakers, as in RabbitMQ.
@@ -273,17 +254,13 @@ async fn put_parameter(
     validate_parameter(&parameter)
         .map_err(|error| ApiError::bad_request(escaped(&error.rabbitmq_text())))?;
     let existed = state.broker.parameter(&component, &vhost, &name).is_some();
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::SetParameter {
-            component,
-            vhost,
-            name,
-            value,
-        })
-        .await?;
-    Ok(created_or_replaced(existed))
+    let command = MetadataCommand::SetParameter {
+        component,
+        vhost,
+        name,
+        value,
+    };
+    change::put(&state, existed, command).await
 }
 
 async fn delete_parameter(
@@ -293,19 +270,13 @@ async fn delete_parameter(
 ) -> ApiResult<StatusCode> {
     caller.require_policymaker()?;
     caller.require_vhost(&vhost)?;
-    if state.broker.parameter(&component, &vhost, &name).is_none() {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::ClearParameter {
-            component,
-            vhost,
-            name,
-        })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.parameter(&component, &vhost, &name).is_some();
+    let command = MetadataCommand::ClearParameter {
+        component,
+        vhost,
+        name,
+    };
+    change::delete(&state, exists, command).await
 }
 
 async fn global_parameters(
@@ -347,12 +318,12 @@ async fn put_global_parameter(
         .cloned()
         .ok_or_else(|| ApiError::key_missing("value"))?;
     let existed = state.broker.global_parameter(&name).is_some();
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::SetGlobalParameter { name, value })
-        .await?;
-    Ok(created_or_replaced(existed))
+    change::put(
+        &state,
+        existed,
+        MetadataCommand::SetGlobalParameter { name, value },
+    )
+    .await
 }
 
 async fn delete_global_parameter(
@@ -361,13 +332,11 @@ async fn delete_global_parameter(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
-    if state.broker.global_parameter(&name).is_none() {
-        return Err(ApiError::not_found());
-    }
-    state
-        .broker
-        .metadata
-        .propose(MetadataCommand::ClearGlobalParameter { name })
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let exists = state.broker.global_parameter(&name).is_some();
+    change::delete(
+        &state,
+        exists,
+        MetadataCommand::ClearGlobalParameter { name },
+    )
+    .await
 }
