@@ -181,15 +181,19 @@ fn keep_columns(item: &Value, columns: &[Vec<&str>]) -> Value {
         let Some(value) = lookup(item, path) else {
             continue;
         };
-        let mut target = &mut kept;
+        let mut target = Some(&mut kept);
         for key in &path[..path.len() - 1] {
-            target = target
-                .entry((*key).to_owned())
-                .or_insert_with(|| Value::Object(Map::new()))
-                .as_object_mut()
-                .expect("inserted as an object");
+            // A column both whole and nested (`name,name.x`) keeps the
+            // whole value.
+            target = target.and_then(|map| {
+                map.entry((*key).to_owned())
+                    .or_insert_with(|| Value::Object(Map::new()))
+                    .as_object_mut()
+            });
         }
-        target.insert(path[path.len() - 1].to_owned(), value.clone());
+        if let Some(target) = target {
+            target.insert(path[path.len() - 1].to_owned(), value.clone());
+        }
     }
     Value::Object(kept)
 }
@@ -243,6 +247,16 @@ mod tests {
             by_messages,
             json!([{"name": "a"}, {"name": "b"}, {"name": "cq"}])
         );
+    }
+
+    #[test]
+    fn columns_named_whole_and_nested_keep_the_whole_value() {
+        let listed = query("columns=message_stats,message_stats.publish,name.first")
+            .apply(items())
+            .unwrap();
+        assert_eq!(listed[0]["message_stats"], json!({"publish": 3}));
+        let other_order = query("columns=name,name.first").apply(items()).unwrap();
+        assert_eq!(other_order[0], json!({"name": "a"}));
     }
 
     #[test]
