@@ -12,8 +12,9 @@
 
 use std::path::{Path, PathBuf};
 
-use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
+use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 use serde::Deserialize;
+use sluice_wire::FIELD_TABLE_DEPTH_MAX;
 
 use crate::access::{
     HashingAlgorithm, PasswordHash, PermissionDefinition, TopicPermissionDefinition,
@@ -323,6 +324,24 @@ pub fn parse_definitions(
         path: path.to_owned(),
         what,
     };
+    let arguments = file
+        .exchanges
+        .iter()
+        .map(|exchange| (&exchange.arguments, "exchange", &exchange.name))
+        .chain(
+            file.queues
+                .iter()
+                .map(|queue| (&queue.arguments, "queue", &queue.name)),
+        )
+        .chain(
+            file.bindings
+                .iter()
+                .map(|binding| (&binding.arguments, "binding from", &binding.source)),
+        );
+    for (map, kind, name) in arguments {
+        json_to_table(map)
+            .map_err(|problem| entry_error(format!("arguments of {kind} '{name}': {problem}")))?;
+    }
     let users = file
         .users
         .iter()
@@ -378,17 +397,42 @@ pub fn parse_definitions(
 }
 
 /// JSON argument values as RabbitMQ's definitions import types them.
-pub fn json_to_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
-    let mut table = FieldTable::default();
-    for (key, value) in map {
-        table.insert(key.as_str().into(), json_to_value(value));
-    }
-    table
+///
+/// # Errors
+/// A key longer than an AMQP short string (255 bytes), or tables nested
+/// deeper than the wire takes ([`FIELD_TABLE_DEPTH_MAX`]): text from a
+/// client or a file, refused rather than cut or panicked on.
+pub fn json_to_table(
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> Result<FieldTable, String> {
+    table_at_depth(map, 1)
 }
 
-fn json_to_value(value: &serde_json::Value) -> AMQPValue {
+fn table_at_depth(
+    map: &serde_json::Map<String, serde_json::Value>,
+    depth: usize,
+) -> Result<FieldTable, String> {
+    if depth > FIELD_TABLE_DEPTH_MAX {
+        return Err(format!(
+            "tables nested deeper than {FIELD_TABLE_DEPTH_MAX} levels"
+        ));
+    }
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        let name = ShortString::try_new(key.clone()).map_err(|_| {
+            format!(
+                "the table key '{}...' is longer than 255 bytes",
+                key.chars().take(32).collect::<String>()
+            )
+        })?;
+        table.insert(name, value_at_depth(value, depth)?);
+    }
+    Ok(table)
+}
+
+fn value_at_depth(value: &serde_json::Value, depth: usize) -> Result<AMQPValue, String> {
     use serde_json::Value;
-    match value {
+    Ok(match value {
         Value::Null => AMQPValue::Void,
         Value::Bool(flag) => AMQPValue::Boolean(*flag),
         Value::Number(number) => match number.as_i64() {
@@ -397,14 +441,25 @@ fn json_to_value(value: &serde_json::Value) -> AMQPValue {
         },
         Value::String(text) => AMQPValue::LongString(text.as_str().into()),
         Value::Array(items) => {
+            if depth + 1 > FIELD_TABLE_DEPTH_MAX {
+                return Err(format!(
+                    "tables nested deeper than {FIELD_TABLE_DEPTH_MAX} levels"
+                ));
+            }
             let mut array = FieldArray::default();
             for item in items {
-                array.push(json_to_value(item));
+                array.push(value_at_depth(item, depth + 1)?);
             }
             AMQPValue::FieldArray(array)
         }
-        Value::Object(map) => AMQPValue::FieldTable(json_to_table(map)),
-    }
+        Value::Object(map) => AMQPValue::FieldTable(table_at_depth(map, depth + 1)?),
+    })
+}
+
+/// Arguments of a file already read by [`parse_definitions`], which
+/// refused any that do not convert.
+fn checked_arguments(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    json_to_table(map).unwrap_or_default()
 }
 
 impl DefinitionsFile {
@@ -421,7 +476,7 @@ impl DefinitionsFile {
                 durable: exchange.durable,
                 auto_delete: exchange.auto_delete,
                 internal: exchange.internal,
-                arguments: json_to_table(&exchange.arguments),
+                arguments: checked_arguments(&exchange.arguments),
             });
         }
         for queue in &self.queues {
@@ -432,7 +487,7 @@ impl DefinitionsFile {
                     store_id: None,
                     durable: queue.durable,
                     auto_delete: queue.auto_delete,
-                    arguments: json_to_table(&queue.arguments),
+                    arguments: checked_arguments(&queue.arguments),
                     exclusive_owner: None,
                     home: Some(node.name.to_string()),
                     home_incarnation: node.incarnation,
@@ -449,7 +504,7 @@ impl DefinitionsFile {
                 destination: binding.destination.clone(),
                 destination_is_queue: binding.destination_type != "exchange",
                 routing_key: binding.routing_key.clone(),
-                arguments: json_to_table(&binding.arguments),
+                arguments: checked_arguments(&binding.arguments),
                 connection: 0,
             }));
         }
@@ -493,7 +548,7 @@ mod tests {
         assert_eq!(user.hashing_algorithm, HashingAlgorithm::Sha256);
         let policy = Policy::from_json(&file.policies[0]).unwrap();
         assert_eq!(policy.definition.max_length, Some(10));
-        let arguments = json_to_table(&file.queues[0].arguments);
+        let arguments = json_to_table(&file.queues[0].arguments).unwrap();
         assert_eq!(
             arguments.inner().get("x-max-length"),
             Some(&AMQPValue::LongLongInt(5))

@@ -361,6 +361,9 @@ impl ConnectionRegistry {
         connection_id: ConnectionId,
         identity: ConnectionIdentity,
     ) -> Registration {
+        // Subscribed before the entry is listed: a close asked for as soon
+        // as it is listed is heard.
+        let (close_request, close_requests) = watch::channel(None);
         let entry = Arc::new(Entry {
             identity: Arc::new(identity),
             connected_at: SystemTime::now(),
@@ -369,7 +372,7 @@ impl ConnectionRegistry {
                 churn: Arc::clone(&self.churn),
                 ..ConnectionStats::default()
             }),
-            close_request: watch::Sender::new(None),
+            close_request,
         });
         lock(&self.connections).insert(connection_id, Arc::clone(&entry));
         self.churn.connections_opened.add(1);
@@ -377,6 +380,7 @@ impl ConnectionRegistry {
             registry: Arc::clone(self),
             connection_id,
             entry,
+            close_requests,
         }
     }
 
@@ -455,12 +459,13 @@ pub struct Registration {
     registry: Arc<ConnectionRegistry>,
     connection_id: ConnectionId,
     entry: Arc<Entry>,
+    close_requests: watch::Receiver<Option<Arc<str>>>,
 }
 
 impl Registration {
     /// Where the connection hears that an operator closed it, and why.
     pub fn close_requests(&self) -> watch::Receiver<Option<Arc<str>>> {
-        self.entry.close_request.subscribe()
+        self.close_requests.clone()
     }
 
     /// Where the connection counts its bytes and registers its channels.

@@ -350,7 +350,11 @@ pub async fn start_with_cluster_listener(
     // Every node answers its peers' API, whether or not its own HTTP
     // listener is on: a listing through any node shows the whole cluster.
     if let Some(links) = &links {
-        management::peers::serve(Arc::clone(&management_state), Arc::clone(links));
+        management::peers::serve(
+            Arc::clone(&management_state),
+            Arc::clone(links),
+            shutdown_receiver.clone(),
+        );
     }
     let management = match management_listener {
         Some(listener) => {

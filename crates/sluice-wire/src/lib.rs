@@ -21,3 +21,4 @@ pub mod method;
 pub mod reply_code;
 
 pub use amq_protocol;
+pub use field_table::FIELD_TABLE_DEPTH_MAX;

@@ -445,10 +445,21 @@ impl AccessControl {
     /// when applied; anything that no longer parses is left out and logged
     /// rather than stopping the node.
     pub fn restore(&self, definitions: &AccessDefinitions) {
-        *self.write() = AccessState {
-            seeded: definitions.seeded,
-            ..AccessState::default()
-        };
+        // Built aside and put in place at once, with one move of the
+        // generation: a reader never sees a half-restored table (a user
+        // missing for a moment would look deleted, and its connections be
+        // closed).
+        let rebuilt = AccessControl::default();
+        rebuilt.fill(definitions);
+        let state = rebuilt
+            .state
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *self.write() = state;
+    }
+
+    fn fill(&self, definitions: &AccessDefinitions) {
+        self.write().seeded = definitions.seeded;
         for user in &definitions.users {
             if let Err(error) = self.put_user(user.clone()) {
                 tracing::error!(user = %user.name, %error, "metadata snapshot: a user is left out");

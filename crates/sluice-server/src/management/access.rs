@@ -82,7 +82,7 @@ async fn vhosts(
         .broker
         .vhosts()
         .iter()
-        .filter(|vhost| caller.sees_vhost(&vhost.name))
+        .filter(|vhost| caller.lists_vhost(&vhost.name))
         .map(|vhost| vhost_json(&state, &vhost.name))
         .collect();
     Ok(Json(query.apply(listed)?))
@@ -109,7 +109,28 @@ async fn put_vhost(
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
     let existed = state.broker.vhost(&name).is_some();
-    change::put(&state, existed, MetadataCommand::PutVhost { name }).await
+    let status = change::put(
+        &state,
+        existed,
+        MetadataCommand::PutVhost { name: name.clone() },
+    )
+    .await?;
+    if !existed {
+        // As RabbitMQ's `put_vhost`: whoever creates a vhost may use it.
+        let permissions = PermissionDefinition {
+            user: caller.user.clone(),
+            vhost: name,
+            configure: ".*".to_owned(),
+            write: ".*".to_owned(),
+            read: ".*".to_owned(),
+        };
+        state
+            .broker
+            .metadata
+            .propose(MetadataCommand::SetPermissions { permissions })
+            .await?;
+    }
+    Ok(status)
 }
 
 async fn delete_vhost(

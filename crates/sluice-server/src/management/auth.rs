@@ -9,8 +9,9 @@
 //!   permissions in, and its own connections and channels;
 //! - any other user is refused the API altogether.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
@@ -18,7 +19,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use sluice_core::access::{Permission, ResourceKind};
+use sluice_core::access::{Attempt, Permission, ResourceKind};
 
 use super::error::ApiError;
 use super::ManagementState;
@@ -74,13 +75,23 @@ impl Caller {
         if self.is_policymaker() {
             Ok(())
         } else {
-            Err(ApiError::not_allowed("Not policymaker user"))
+            Err(ApiError::not_allowed(
+                "User not authorised to access object",
+            ))
         }
     }
 
-    /// Whether the caller sees what is in `vhost`: monitors see every
-    /// vhost, others those they hold permissions in.
+    /// Whether the caller sees the queues, exchanges, bindings and policies
+    /// of `vhost`: administrators see every vhost's, others (monitoring
+    /// users too, as in RabbitMQ) those of the vhosts they hold
+    /// permissions in.
     pub fn sees_vhost(&self, vhost: &str) -> bool {
+        self.is_administrator() || self.may_use_vhost(vhost)
+    }
+
+    /// Whether the caller sees `vhost` itself (in the vhost list, its
+    /// limits, its connections): monitors see every vhost.
+    pub fn lists_vhost(&self, vhost: &str) -> bool {
         self.is_monitor() || self.may_use_vhost(vhost)
     }
 
@@ -94,12 +105,14 @@ impl Caller {
             .is_some()
     }
 
-    /// Refuses a vhost the caller may not act in, or that does not exist.
+    /// Refuses a vhost the caller may not act in, or that does not exist:
+    /// administrators may act in any; anything they do there through AMQP
+    /// is still checked against their permissions, as in RabbitMQ.
     pub fn require_vhost(&self, vhost: &str) -> Result<(), ApiError> {
         if self.state.broker.vhost(vhost).is_none() {
             return Err(ApiError::vhost_not_found());
         }
-        if self.may_use_vhost(vhost) {
+        if self.sees_vhost(vhost) {
             Ok(())
         } else {
             Err(ApiError::not_allowed(
@@ -108,12 +121,22 @@ impl Caller {
         }
     }
 
-    /// Refuses a vhost the caller may not look into.
+    /// Refuses a vhost whose objects the caller may not look at.
     pub fn require_visible_vhost(&self, vhost: &str) -> Result<(), ApiError> {
+        self.require_vhost_where(vhost, self.sees_vhost(vhost))
+    }
+
+    /// Refuses a vhost the caller may not see listed (its connections,
+    /// channels, limits).
+    pub fn require_listed_vhost(&self, vhost: &str) -> Result<(), ApiError> {
+        self.require_vhost_where(vhost, self.lists_vhost(vhost))
+    }
+
+    fn require_vhost_where(&self, vhost: &str, allowed: bool) -> Result<(), ApiError> {
         if self.state.broker.vhost(vhost).is_none() {
             return Err(ApiError::not_found());
         }
-        if self.sees_vhost(vhost) {
+        if allowed {
             Ok(())
         } else {
             Err(ApiError::not_allowed(
@@ -161,9 +184,34 @@ impl FromRequestParts<Arc<ManagementState>> for Caller {
         if parts.headers.get(AUTHORIZATION).is_none() {
             return Err(credentials_wanted());
         }
-        Self::authenticate(parts, state).map_err(IntoResponse::into_response)
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(address)| address.ip())
+            .ok_or_else(|| {
+                ApiError::internal("the caller's address is not known").into_response()
+            })?;
+        // Failed logins slow an address down here as on the AMQP port, so
+        // that the API is no faster way to guess a password.
+        let throttle = &state.broker.login_throttle;
+        match throttle.attempt(peer, Instant::now(), LOGIN_PATIENCE) {
+            Attempt::After(wait) => tokio::time::sleep(wait).await,
+            Attempt::Refuse => {
+                return Err(ApiError::unauthorized("Login failed").into_response());
+            }
+        }
+        let authenticated = Self::authenticate(parts, peer, state);
+        match &authenticated {
+            Err(error) if error.error == "not_authorized" => throttle.failed(peer, Instant::now()),
+            _ => throttle.succeeded(peer),
+        }
+        authenticated.map_err(IntoResponse::into_response)
     }
 }
+
+/// How long a request waits for its turn among an address's throttled
+/// logins before it is refused unchecked.
+const LOGIN_PATIENCE: Duration = Duration::from_secs(10);
 
 /// No credentials at all: RabbitMQ's bare 401, which makes a browser ask
 /// for them.
@@ -176,14 +224,13 @@ fn credentials_wanted() -> Response {
 }
 
 impl Caller {
-    fn authenticate(parts: &Parts, state: &Arc<ManagementState>) -> Result<Self, ApiError> {
+    fn authenticate(
+        parts: &Parts,
+        peer: IpAddr,
+        state: &Arc<ManagementState>,
+    ) -> Result<Self, ApiError> {
         let (user, password) =
             basic_credentials(parts).ok_or_else(|| ApiError::unauthorized("Login failed"))?;
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(address)| address.ip())
-            .ok_or_else(|| ApiError::internal("the caller's address is not known"))?;
         if let Err(error) = state.broker.login(&user, &password, peer) {
             tracing::warn!(%peer, %user, %error, "management API login refused");
             return Err(ApiError::unauthorized("Login failed"));

@@ -5,7 +5,6 @@
 //! the routing key, URL-encoded, followed for a binding with arguments by
 //! `~` and a hash of the arguments (`~` alone for an empty key without).
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use amq_protocol::types::FieldTable;
@@ -60,32 +59,41 @@ struct Listed {
     arguments: FieldTable,
 }
 
-/// `-`, `_`, `.`, letters and digits stay; everything else is %XX.
-fn url_encode(text: &str) -> String {
+/// RabbitMQ's `quote_plus`: letters, digits, `.`, `-`, `~` and `_` stay,
+/// a space is `+`, everything else is %XX.
+fn quote_plus(text: &str) -> String {
     let mut encoded = String::with_capacity(text.len());
     for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.') {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
+        match byte {
+            b' ' => encoded.push('+'),
+            byte if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-' | b'~' | b'_') => {
+                encoded.push(byte as char)
+            }
+            byte => encoded.push_str(&format!("%{byte:02X}")),
         }
     }
     encoded
 }
 
+/// A binding's properties key. With arguments, `~` and a hash of them
+/// follows: RabbitMQ's is of the Erlang term, which clients only echo back;
+/// this one is FNV-1a of the arguments' JSON, the same on every node and
+/// every build, so a key listed by one node addresses the binding on any.
 fn properties_key(routing_key: &str, arguments: &FieldTable) -> String {
     if arguments.inner().is_empty() {
         return if routing_key.is_empty() {
             "~".to_owned()
         } else {
-            url_encode(routing_key)
+            quote_plus(routing_key)
         };
     }
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    table_to_json(arguments).to_string().hash(&mut hasher);
-    let hash = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(&hasher.finish().to_be_bytes()[..4]);
-    format!("{}~{hash}", url_encode(routing_key))
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in table_to_json(arguments).to_string().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let hash = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash.to_be_bytes()[..4]);
+    format!("{}~{hash}", quote_plus(routing_key))
 }
 
 fn bindings_of(vhost: &VirtualHost) -> Vec<Listed> {
@@ -254,10 +262,11 @@ async fn bind(
     };
     caller.check_access(&vhost, Permission::Write, destination_kind, &destination)?;
     caller.check_access(&vhost, Permission::Read, ResourceKind::Exchange, source)?;
+    // Both parts quoted once more, as RabbitMQ writes it.
     let location = format!(
         "{}/{}",
-        url_encode(&destination),
-        properties_key(&routing_key, &arguments)
+        quote_plus(&destination),
+        quote_plus(&properties_key(&routing_key, &arguments))
     );
     let change = BindingChange {
         vhost,
@@ -272,27 +281,12 @@ async fn bind(
         .broker
         .metadata
         .propose(MetadataCommand::Bind(change))
-        .await
-        .map_err(not_found_as_rabbitmq)?;
+        .await?;
     let mut headers = HeaderMap::new();
     if let Ok(value) = HeaderValue::from_str(&location) {
         headers.insert(header::LOCATION, value);
     }
     Ok((StatusCode::CREATED, headers))
-}
-
-/// A binding to a missing queue or from a missing exchange: RabbitMQ's
-/// 404 with the AMQP text.
-fn not_found_as_rabbitmq(error: sluice_core::error::AmqpError) -> ApiError {
-    if error.code == sluice_wire::reply_code::ReplyCode::NotFound {
-        ApiError {
-            error: "not_found",
-            ..ApiError::not_found()
-        }
-        .with_reason(error.text)
-    } else {
-        error.into()
-    }
 }
 
 async fn unbind(
@@ -405,6 +399,7 @@ mod tests {
         assert_eq!(properties_key("a.*", &none), "a.%2A");
         assert_eq!(properties_key("#", &none), "%23");
         assert_eq!(properties_key("", &none), "~");
+        assert_eq!(properties_key("a b~c", &none), "a+b~c");
         let mut arguments = FieldTable::default();
         arguments.insert("x-match".into(), AMQPValue::LongString("all".into()));
         let key = properties_key("k", &arguments);

@@ -61,7 +61,9 @@ impl JsonObject {
     pub fn arguments(&self) -> Result<FieldTable, ApiError> {
         match self.0.get("arguments") {
             None | Some(Value::Null) => Ok(FieldTable::default()),
-            Some(Value::Object(arguments)) => Ok(json_to_table(arguments)),
+            Some(Value::Object(arguments)) => {
+                json_to_table(arguments).map_err(ApiError::bad_request)
+            }
             // rabbitmqadmin and the UI may send an empty list for none.
             Some(Value::Array(items)) if items.is_empty() => Ok(FieldTable::default()),
             Some(_) => Err(ApiError::bad_request("[{not_object,arguments}]")),

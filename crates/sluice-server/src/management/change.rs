@@ -4,6 +4,7 @@
 
 use axum::http::StatusCode;
 use sluice_core::metadata::MetadataCommand;
+use sluice_wire::reply_code::ReplyCode;
 
 use super::error::{ApiError, ApiResult};
 use super::ManagementState;
@@ -24,7 +25,8 @@ pub async fn put(
 }
 
 /// Proposes `command`, which deletes an object, when it `exists`: 204, or
-/// RabbitMQ's 404 when there is nothing to delete.
+/// RabbitMQ's 404 when there is nothing to delete (also when another
+/// deletion got there first, between the check and the log).
 pub async fn delete(
     state: &ManagementState,
     exists: bool,
@@ -33,6 +35,9 @@ pub async fn delete(
     if !exists {
         return Err(ApiError::not_found());
     }
-    state.broker.metadata.propose(command).await?;
-    Ok(StatusCode::NO_CONTENT)
+    match state.broker.metadata.propose(command).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(error) if error.code == ReplyCode::NotFound => Err(ApiError::not_found()),
+        Err(error) => Err(error.into()),
+    }
 }

@@ -150,7 +150,7 @@ async fn list_in_vhost(
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    caller.require_visible_vhost(&vhost)?;
+    caller.require_listed_vhost(&vhost)?;
     let channels = visible_channels(&state, &caller)
         .await
         .into_iter()
@@ -208,7 +208,7 @@ async fn consumers_in_vhost(
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    caller.require_visible_vhost(&vhost)?;
+    caller.require_listed_vhost(&vhost)?;
     Ok(Json(query.apply(
         consumer_list(&state, &caller, Some(&vhost)).await,
     )?))

@@ -132,7 +132,7 @@ async fn list_in_vhost(
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    caller.require_visible_vhost(&vhost)?;
+    caller.require_listed_vhost(&vhost)?;
     let connections = cluster_activity(&state)
         .await
         .connections
@@ -199,12 +199,14 @@ async fn close(
             "User not authorised to access object",
         ));
     }
+    // UTF-8 as clients send it; a header that is not text is taken as best
+    // it can be rather than dropped for the default.
     let reason = headers
         .get("x-reason")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or(DEFAULT_CLOSE_REASON);
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .unwrap_or_else(|| DEFAULT_CLOSE_REASON.to_owned());
     tracing::info!(connection = %name, %reason, by = %caller.user, "closing a connection through the management API");
-    if close_connection(&state, &name, reason).await {
+    if close_connection(&state, &name, &reason).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found())

@@ -106,13 +106,32 @@ impl ApiError {
     }
 }
 
-/// An AMQP error from the broker, as RabbitMQ's management API reports
-/// the same refusal (it acts through an internal AMQP channel): access
-/// refused is a 401, anything else a 400 whose reason is the AMQP reply,
-/// `"404 NOT_FOUND - no exchange 'x' in vhost '/'"`. Objects the API looks
-/// up itself answer [`ApiError::not_found`] instead.
+/// An AMQP error from a declaration, deletion, binding or purge, as
+/// RabbitMQ's API reports the same refusal from its internal channel
+/// (`rabbit_mgmt_util:direct_request`): not found is a 404 with the AMQP
+/// text, access refused or not allowed a 401 "Access refused.", anything
+/// else a 400 with the text alone.
 impl From<AmqpError> for ApiError {
     fn from(error: AmqpError) -> Self {
+        match error.code {
+            ReplyCode::NotFound => ApiError {
+                error: "not_found",
+                ..ApiError::not_found()
+            }
+            .with_reason(error.text),
+            ReplyCode::AccessRefused | ReplyCode::NotAllowed => {
+                ApiError::not_allowed("Access refused.")
+            }
+            _ => ApiError::bad_request(error.text),
+        }
+    }
+}
+
+impl ApiError {
+    /// An AMQP error from a publish or a get, which RabbitMQ's API makes
+    /// on a channel of its own and reports as the channel's close, code
+    /// and name first: 400 `"404 NOT_FOUND - no exchange 'x' in vhost '/'"`.
+    pub fn from_channel(error: AmqpError) -> Self {
         match error.code {
             ReplyCode::AccessRefused => ApiError::not_allowed("Access refused."),
             _ => ApiError::bad_request(format!("{} {error}", error.code.code())),

@@ -125,6 +125,12 @@ async fn declare(
     if name.is_empty() {
         return Err(ApiError::not_allowed("Access refused."));
     }
+    if name.len() > super::queues::NAME_BYTES_MAX {
+        return Err(ApiError::bad_request(format!(
+            "exchange should be less than 255 bytes, actually was {}\n",
+            name.len()
+        )));
+    }
     caller.check_access(
         &vhost_name,
         Permission::Configure,

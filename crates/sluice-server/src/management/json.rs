@@ -53,7 +53,23 @@ mod tests {
             "x-single-active-consumer": true,
             "nested": {"list": [1, "two"]}
         });
-        let table = json_to_table(json.as_object().unwrap());
+        let table = json_to_table(json.as_object().unwrap()).unwrap();
         assert_eq!(table_to_json(&table), json);
+    }
+
+    #[test]
+    fn arguments_a_client_cannot_send_over_amqp_are_refused_not_panicked_on() {
+        let long_key = serde_json::json!({ "k".repeat(256): 1 });
+        assert!(json_to_table(long_key.as_object().unwrap()).is_err());
+        let mut deep = serde_json::json!(1);
+        for _ in 0..100 {
+            deep = serde_json::json!({ "a": deep });
+        }
+        assert!(json_to_table(deep.as_object().unwrap()).is_err());
+        let mut fine = serde_json::json!(1);
+        for _ in 0..10 {
+            fine = serde_json::json!({ "a": [fine] });
+        }
+        assert!(json_to_table(fine.as_object().unwrap()).is_ok());
     }
 }

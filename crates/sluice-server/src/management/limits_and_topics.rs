@@ -155,17 +155,18 @@ fn limits_json(vhost: &str, limits: &VhostLimits) -> Option<Value> {
     (!value.is_empty()).then(|| json!({"vhost": vhost, "value": value}))
 }
 
+/// Limits of the vhosts the caller sees, as RabbitMQ lists them.
 async fn vhost_limits(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,
 ) -> ApiResult<Json<Value>> {
-    caller.require_administrator()?;
     let listed: Vec<Value> = state
         .broker
         .access
         .snapshot()
         .vhost_limits
         .iter()
+        .filter(|(vhost, _)| caller.lists_vhost(vhost))
         .filter_map(|(vhost, limits)| limits_json(vhost, limits))
         .collect();
     Ok(Json(Value::Array(listed)))
@@ -176,10 +177,7 @@ async fn vhost_limits_of(
     caller: Caller,
     Path(vhost): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    caller.require_administrator()?;
-    if state.broker.vhost(&vhost).is_none() {
-        return Err(ApiError::not_found());
-    }
+    caller.require_listed_vhost(&vhost)?;
     let limits = state.broker.access.vhost_limits(&vhost);
     Ok(Json(Value::Array(
         limits_json(&vhost, &limits).into_iter().collect(),

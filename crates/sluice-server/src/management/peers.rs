@@ -137,6 +137,7 @@ impl PeerQueries {
         {
             let mut pending = self.lock();
             if pending.len() >= PENDING_MAX {
+                tracing::warn!(%peer, "too many management queries to peers unanswered: listing without this one");
                 return None;
             }
             pending.insert(
@@ -148,6 +149,8 @@ impl PeerQueries {
                 },
             );
         }
+        // Forgotten however this ends, a caller that went away included.
+        let _forget = Forget { queries: self, id };
         let mut request = BytesMut::new();
         request.put_u8(REQUEST);
         request.put_u64(id);
@@ -167,7 +170,6 @@ impl PeerQueries {
         } else {
             None
         };
-        self.lock().remove(&id);
         serde_json::from_slice(&answer?).ok()
     }
 
@@ -226,6 +228,18 @@ impl PeerQueries {
     }
 }
 
+/// Removes a query's entry when its asker is done with it.
+struct Forget<'a> {
+    queries: &'a PeerQueries,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.queries.lock().remove(&self.id);
+    }
+}
+
 /// This node's own activity.
 pub fn local_activity(state: &ManagementState) -> Activity {
     Activity {
@@ -272,12 +286,23 @@ fn close_local_connection(state: &ManagementState, name: &str, reason: &str) -> 
 }
 
 /// Answers the peers' queries and routes their answers to ours, until
-/// the links stop.
-pub fn serve(state: Arc<ManagementState>, links: Arc<Links>) {
+/// the node shuts down.
+pub fn serve(
+    state: Arc<ManagementState>,
+    links: Arc<Links>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let mut frames = links.subscribe(MANAGEMENT_CHANNEL);
     let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING_MAX));
     tokio::spawn(async move {
-        while let Some(Received { from, payload, .. }) = frames.recv().await {
+        loop {
+            let received = tokio::select! {
+                received = frames.recv() => received,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            };
+            let Some(Received { from, payload, .. }) = received else {
+                return;
+            };
             let mut payload = payload;
             if payload.is_empty() {
                 continue;

@@ -311,7 +311,7 @@ async fn put_global_parameter(
     Path(name): Path<String>,
     body: JsonObject,
 ) -> ApiResult<StatusCode> {
-    caller.require_administrator()?;
+    caller.require_policymaker()?;
     let value = body
         .0
         .get("value")
@@ -331,7 +331,7 @@ async fn delete_global_parameter(
     caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    caller.require_administrator()?;
+    caller.require_policymaker()?;
     let exists = state.broker.global_parameter(&name).is_some();
     change::delete(
         &state,

@@ -16,6 +16,7 @@ use sluice_core::access::{Permission, ResourceKind};
 use sluice_core::error::AmqpError;
 use sluice_core::message::Message;
 use sluice_core::queue::forwarding::Settlement;
+use sluice_core::queue::{MessageId, Queue};
 use sluice_core::vhost::PublishScratch;
 use sluice_wire::content::RawProperties;
 
@@ -31,6 +32,10 @@ const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::
 
 /// How many messages one `get` may take at most.
 const GET_COUNT_MAX: u64 = 10_000;
+
+/// Body bytes one `get` takes at most: it stops after the message that
+/// passes this, so that one answer stays a bounded size.
+const GET_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 pub async fn publish(
     State(state): State<Arc<ManagementState>>,
@@ -79,12 +84,13 @@ pub async fn publish(
     };
     if let Some(user_id) = properties.user_id() {
         if user_id.as_str() != caller.user {
-            return Err(AmqpError::precondition_failed(format!(
-                "user_id property set to '{}' but authenticated user was '{}'",
-                user_id.as_str(),
-                caller.user
-            ))
-            .into());
+            return Err(ApiError::from_channel(AmqpError::precondition_failed(
+                format!(
+                    "user_id property set to '{}' but authenticated user was '{}'",
+                    user_id.as_str(),
+                    caller.user
+                ),
+            )));
         }
     }
     let message = Arc::new(Message {
@@ -95,13 +101,15 @@ pub async fn publish(
     });
     let mut scratch = PublishScratch::default();
     let mut congested = Vec::new();
-    let published = vhost.publish(
-        exchange.as_bytes(),
-        message,
-        false,
-        &mut scratch,
-        &mut congested,
-    )?;
+    let published = vhost
+        .publish(
+            exchange.as_bytes(),
+            message,
+            false,
+            &mut scratch,
+            &mut congested,
+        )
+        .map_err(ApiError::from_channel)?;
     Ok(Json(json!({"routed": published.routed})))
 }
 
@@ -142,8 +150,11 @@ fn properties_from_json(json: &Map<String, Value>) -> ApiResult<AMQPProperties> 
     }
     match json.get("headers") {
         Some(Value::Object(headers)) => {
-            properties =
-                properties.with_headers(sluice_core::definitions_import::json_to_table(headers));
+            // A key or nesting AMQP cannot carry is refused, as a value
+            // that is not a table is.
+            let headers = sluice_core::definitions_import::json_to_table(headers)
+                .map_err(|_| ApiError::bad_request_value(json!(["not_table", "headers"])))?;
+            properties = properties.with_headers(headers);
         }
         None | Some(Value::Null) => {}
         Some(_) => return Err(ApiError::bad_request_value(json!(["not_table", "headers"]))),
@@ -275,24 +286,36 @@ pub async fn get(
         _ => None,
     };
     caller.check_access(&vhost_name, Permission::Read, ResourceKind::Queue, &name)?;
-    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| {
-        ApiError {
-            error: "not_found",
-            ..ApiError::not_found()
-        }
-        .with_reason(format!(
-            "NOT_FOUND - no queue '{name}' in vhost '{vhost_name}'"
-        ))
+    // RabbitMQ's get names the missing queue as its channel saw it.
+    let queue = queue_ops::find_for_use(&state, &vhost_name, &name).map_err(|error| {
+        ApiError::from(error.clone()).with_reason(format!("NOT_FOUND - {}", error.text))
     })?;
-    let mut taken = Vec::new();
+    let settlement = match ack_mode {
+        AckMode::Requeue => Settlement::Requeue,
+        AckMode::Ack => Settlement::Ack,
+        AckMode::Reject => Settlement::Reject,
+    };
+    // Whatever happens from here (a failed get part-way, a client gone
+    // mid-request), what was taken is settled, requeued at worst.
+    let mut taken = Taken {
+        queue: Arc::clone(&queue),
+        ids: Vec::new(),
+        settlement: Settlement::Requeue,
+    };
     let mut messages = Vec::new();
-    for _ in 0..count {
-        let Some((entry, remaining)) = queue_ops::get(&queue).await? else {
+    let mut body_bytes = 0usize;
+    while (messages.len() as u64) < count && body_bytes < GET_BODY_BYTES_MAX {
+        let got = queue_ops::get(&queue)
+            .await
+            .map_err(ApiError::from_channel)?;
+        let Some((entry, remaining)) = got else {
             break;
         };
+        taken.ids.push(entry.offset);
         let message = &entry.message;
         let properties = message.properties.decode().unwrap_or_default();
         let payload_bytes = message.body.len();
+        body_bytes += payload_bytes;
         let shown = &message.body[..truncate.unwrap_or(payload_bytes).min(payload_bytes)];
         let (payload, encoding) = match std::str::from_utf8(shown) {
             Ok(text) if !base64 => (text.to_owned(), "string"),
@@ -308,13 +331,22 @@ pub async fn get(
             "payload": payload,
             "payload_encoding": encoding,
         }));
-        taken.push(entry.offset);
     }
-    let settlement = match ack_mode {
-        AckMode::Requeue => Settlement::Requeue,
-        AckMode::Ack => Settlement::Ack,
-        AckMode::Reject => Settlement::Reject,
-    };
-    queue_ops::settle(&queue, settlement, &taken);
+    taken.settlement = settlement;
+    drop(taken);
     Ok(Json(Value::Array(messages)))
+}
+
+/// Messages a get took, settled when it is done with them, however it
+/// ends: as asked once the answer is made, requeued before that.
+struct Taken {
+    queue: Arc<dyn Queue>,
+    ids: Vec<MessageId>,
+    settlement: Settlement,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        queue_ops::settle(&self.queue, self.settlement, &self.ids);
+    }
 }

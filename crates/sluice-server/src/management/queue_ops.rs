@@ -8,13 +8,17 @@ use std::sync::Arc;
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::QueuedMessage;
 use sluice_core::queue::forwarding::Settlement;
-use sluice_core::queue::{MessageId, Queue, QueueStats};
+use sluice_core::queue::{ConnectionId, MessageId, Queue, QueueStats};
 use sluice_core::queue_type::QueueType;
 
 use super::ManagementState;
 
-/// The queue `name` of `vhost`, RabbitMQ's 404 when there is none. The API
-/// acts as no connection, so an exclusive queue is found but refuses use.
+/// The connection id the API acts as: no connection owns it, so another
+/// connection's exclusive queue refuses it, as RabbitMQ's API is refused.
+const NO_CONNECTION: ConnectionId = 0;
+
+/// The queue `name` of `vhost` to look at, RabbitMQ's 404 when there is
+/// none.
 pub fn find(state: &ManagementState, vhost: &str, name: &str) -> AmqpResult<Arc<dyn Queue>> {
     let missing = || AmqpError::not_found(format!("no queue '{name}' in vhost '{vhost}'"));
     let vhost = state.broker.vhost(vhost).ok_or_else(missing)?;
@@ -34,6 +38,18 @@ pub fn stats_here(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
         _ => queue.forwarded().is_none(),
     };
     held_here.then(|| queue.stats())
+}
+
+/// The queue `name` of `vhost` to act on (get, purge, delete): as
+/// [`find`], and RESOURCE_LOCKED for another connection's exclusive queue.
+pub fn find_for_use(
+    state: &ManagementState,
+    vhost: &str,
+    name: &str,
+) -> AmqpResult<Arc<dyn Queue>> {
+    let queue = find(state, vhost, name)?;
+    queue.check_access(NO_CONNECTION)?;
+    Ok(queue)
 }
 
 pub async fn stats(queue: &Arc<dyn Queue>) -> AmqpResult<QueueStats> {

@@ -27,6 +27,12 @@ use super::queue_ops;
 use super::rates::{message_stats, with_rate, RateKey};
 use super::ManagementState;
 
+/// The longest name AMQP carries (a short string).
+pub const NAME_BYTES_MAX: usize = 255;
+
+/// How long a listing waits for another node's count of its queue.
+const REMOTE_COUNTS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Queues of other nodes counted at once, for one listing.
 const REMOTE_COUNTS_IN_FLIGHT: usize = 32;
 
@@ -52,7 +58,12 @@ async fn counts(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
     if queue.unavailable().is_some() {
         return None;
     }
-    queue_ops::stats(queue).await.ok()
+    // A home node that is up but does not answer shows its queue as down
+    // rather than hold up the whole listing.
+    tokio::time::timeout(REMOTE_COUNTS_TIMEOUT, queue_ops::stats(queue))
+        .await
+        .ok()?
+        .ok()
 }
 
 fn queue_json(
@@ -217,6 +228,13 @@ async fn declare(
         .broker
         .vhost(&vhost_name)
         .ok_or_else(ApiError::vhost_not_found)?;
+    // AMQP cannot name a longer queue; RabbitMQ's API refuses one, so.
+    if name.len() > NAME_BYTES_MAX {
+        return Err(ApiError::bad_request(format!(
+            "queue should be less than 255 bytes, actually was {}\n",
+            name.len()
+        )));
+    }
     caller.check_access(
         &vhost_name,
         Permission::Configure,
@@ -264,6 +282,16 @@ async fn declare(
     Ok(StatusCode::CREATED)
 }
 
+/// A queue that is not there is RabbitMQ's plain 404; one that refuses use
+/// (another connection's exclusive queue) says why.
+fn missing_as_404(error: sluice_core::error::AmqpError) -> ApiError {
+    if error.code == sluice_wire::reply_code::ReplyCode::NotFound {
+        ApiError::not_found()
+    } else {
+        error.into()
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct DeleteQuery {
     #[serde(rename = "if-unused")]
@@ -289,7 +317,7 @@ async fn delete_queue(
         ResourceKind::Queue,
         &name,
     )?;
-    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| ApiError::not_found())?;
+    let queue = queue_ops::find_for_use(&state, &vhost_name, &name).map_err(missing_as_404)?;
     let if_unused = query.if_unused.as_deref() == Some("true");
     let if_empty = query.if_empty.as_deref() == Some("true");
     if if_unused || if_empty {
@@ -312,7 +340,7 @@ async fn purge(
 ) -> ApiResult<StatusCode> {
     caller.require_vhost(&vhost_name)?;
     caller.check_access(&vhost_name, Permission::Read, ResourceKind::Queue, &name)?;
-    let queue = queue_ops::find(&state, &vhost_name, &name).map_err(|_| ApiError::not_found())?;
+    let queue = queue_ops::find_for_use(&state, &vhost_name, &name).map_err(missing_as_404)?;
     queue_ops::purge(&queue).await?;
     Ok(StatusCode::NO_CONTENT)
 }
