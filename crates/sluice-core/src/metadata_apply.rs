@@ -9,6 +9,7 @@ use crate::access::DefaultAccess;
 use crate::broker::Broker;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::Destination;
+use crate::quorum_members::node_not_in_cluster;
 use crate::runtime_parameters::ParameterJson;
 use crate::vhost::{ExchangeDeclaration, VirtualHost};
 
@@ -73,6 +74,27 @@ impl Broker {
                 }
                 Ok(())
             }
+            MetadataCommand::AddQueueMember {
+                vhost,
+                name,
+                declared_at,
+                node,
+            } => {
+                let nodes = self.metadata.cluster_nodes(&self.node().name);
+                if !nodes.contains(&node) {
+                    return Err(AmqpError::not_found(node_not_in_cluster(&node)));
+                }
+                let vhost = self.existing_vhost(&vhost)?;
+                vhost.apply_add_queue_member(index, &name, declared_at, &node)
+            }
+            MetadataCommand::RemoveQueueMember {
+                vhost,
+                name,
+                declared_at,
+                node,
+            } => self
+                .existing_vhost(&vhost)?
+                .apply_remove_queue_member(&name, declared_at, &node),
             MetadataCommand::Bind(change) => self.apply_binding(change, true),
             MetadataCommand::Unbind(change) => self.apply_binding(change, false),
             MetadataCommand::NodeStarted {

@@ -14,7 +14,7 @@
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
 //!   permissions), [`limits_and_topics`], [`policies`] (and parameters),
-//!   [`definitions`], [`health`].
+//!   [`definitions`], [`health`], [`replicas`] (quorum queue members).
 
 pub mod access;
 pub mod auth;
@@ -37,6 +37,7 @@ pub mod publish;
 pub mod queue_ops;
 pub mod queues;
 pub mod rates;
+pub mod replicas;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -145,6 +146,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(channels::routes())
         .merge(exchanges::routes())
         .merge(queues::routes())
+        .merge(replicas::routes())
         .merge(bindings::routes())
         .merge(access::routes())
         .merge(limits_and_topics::routes())
