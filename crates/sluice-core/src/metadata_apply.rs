@@ -9,7 +9,6 @@ use crate::access::DefaultAccess;
 use crate::broker::Broker;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::Destination;
-use crate::quorum_members::node_not_in_cluster;
 use crate::runtime_parameters::ParameterJson;
 use crate::vhost::{ExchangeDeclaration, VirtualHost};
 
@@ -80,10 +79,10 @@ impl Broker {
                 declared_at,
                 node,
             } => {
-                let nodes = self.metadata.cluster_nodes(&self.node().name);
-                if !nodes.contains(&node) {
-                    return Err(AmqpError::not_found(node_not_in_cluster(&node)));
-                }
+                // Whether `node` is one of the cluster's was checked before
+                // the change was proposed: what a node knows of the others
+                // (nothing yet, while it replays its log at start) must not
+                // make its reply differ.
                 let vhost = self.existing_vhost(&vhost)?;
                 vhost.apply_add_queue_member(index, &name, declared_at, &node)
             }

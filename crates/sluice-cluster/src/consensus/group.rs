@@ -223,9 +223,26 @@ impl ConsensusNode {
                 tokio::spawn(initialize_unless_led(raft.clone(), members, group, wait));
             }
         }
-        if settings.members.len() == 1 && !settings.joins {
+        let alone = settings.members.len() == 1
+            && !settings.joins
+            && raft
+                .with_raft_state(|state| {
+                    state
+                        .membership_state
+                        .effective()
+                        .membership()
+                        .voter_ids()
+                        .count()
+                })
+                .await
+                .map_err(|error| fatal(error.to_string()))?
+                == 1;
+        if alone {
             // Alone, it need not wait an election timeout to find out that
-            // nobody else leads: it stands at once.
+            // nobody else leads: it stands at once. Alone as its log says:
+            // the member list it was started with may predate changes the
+            // log holds, and a member that stood at once in a group of
+            // several would only unseat its leader.
             raft.trigger()
                 .elect(false)
                 .await
