@@ -1,6 +1,6 @@
 //! A quorum queue's members grown and shrunk on a 3-node cluster of real
-//! `sluice server` processes, through the management API of nodes that
-//! are not members: the new members catch up with what was published
+//! `sluice server` processes, through the management API and `sluice ctl`
+//! of nodes that are not members: the new members catch up with what was published
 //! before them and carry the queue once its first node is killed; a
 //! removed member is gone with its files while the queue keeps serving;
 //! the membership outlives a restart.
@@ -186,11 +186,33 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     )
     .await;
     assert_eq!(status, 204, "{body}");
-    // Then every quorum queue grows to node 3, asked of node 2.
-    let grow = json!({"vhost_pattern": ".*", "queue_pattern": "^grown$", "strategy": "all"});
-    let path = format!("/api/queues/quorum/replicas/on/{}/grow", names[2]);
-    let (status, body) = call_async(api[1], "POST", path, Some(grow)).await;
-    assert_eq!(status, 204, "{body}");
+    // Then every quorum queue grows to node 3, with `sluice ctl` asking
+    // node 2.
+    let arguments = [
+        "ctl".to_owned(),
+        "-n".to_owned(),
+        format!("127.0.0.1:{}", api[1]),
+        "grow".to_owned(),
+        names[2].clone(),
+        "all".to_owned(),
+        "--queue-pattern".to_owned(),
+        "^grown$".to_owned(),
+    ];
+    let grown = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(&arguments)
+            .env_remove("SLUICE_CTL_USERNAME")
+            .env_remove("SLUICE_CTL_PASSWORD")
+            .output()
+            .expect("sluice ctl runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        grown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&grown.stderr)
+    );
     let all = [names[0].as_str(), names[1].as_str(), names[2].as_str()];
     members_once(api[0], |members| same_members(members, &all)).await;
     members_once(api[2], |members| same_members(members, &all)).await;
