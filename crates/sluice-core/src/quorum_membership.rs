@@ -69,7 +69,7 @@ impl GrowStrategy {
     }
 
     fn takes(self, members: usize) -> bool {
-        self == GrowStrategy::All || members % 2 == 0
+        self == GrowStrategy::All || members.is_multiple_of(2)
     }
 }
 
