@@ -251,3 +251,22 @@ fn strip_member_ids(value: &mut serde_json::Value) {
         _ => {}
     }
 }
+
+#[test]
+fn quorum_membership_of_an_imported_queue_is_its_home_on_every_node() {
+    let broker = broker();
+    let mut imported = legacy_definition("imported");
+    imported.members = Vec::new();
+    imported.home = Some("n1@h:1".into());
+    declare(&broker, imported);
+    let q = queue(&broker, "imported");
+    assert_eq!(ids(&q), [("n1@h:1".to_owned(), 1)]);
+    assert_eq!(
+        broker.apply_metadata(50, change(true, "imported", "n2@h:1")),
+        MetadataReply::Done
+    );
+    assert_eq!(
+        queue(&broker, "imported").options().members.members(),
+        ["n1@h:1", "n2@h:1"]
+    );
+}

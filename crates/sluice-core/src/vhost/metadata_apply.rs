@@ -217,10 +217,7 @@ impl VirtualHost {
             arguments: definition.arguments.clone(),
             declared_at: definition.declared_at,
             home_incarnation: definition.home_incarnation,
-            members: SharedMembership::new(Membership::of(
-                &definition.members,
-                &definition.member_ids,
-            )),
+            members: SharedMembership::new(quorum_membership_of(definition)),
         };
         // A quorum queue is held by each of its members; a node that is
         // not one reaches it through its home.
@@ -593,6 +590,19 @@ impl VirtualHost {
             self.exchanges_mut()
                 .insert(Arc::clone(&exchange.name), Arc::new(exchange));
         }
+    }
+}
+
+/// A quorum queue's members as a definition gives them. One declared
+/// without members (by a definitions import) has its home alone, on every
+/// node alike, as its home's queue makes itself.
+fn quorum_membership_of(definition: &QueueDefinition) -> Membership {
+    let quorum = QueueType::of_arguments(&definition.arguments) == Some(QueueType::Quorum);
+    match &definition.home {
+        Some(home) if quorum && definition.members.is_empty() => {
+            Membership::of(std::slice::from_ref(home), &definition.member_ids)
+        }
+        _ => Membership::of(&definition.members, &definition.member_ids),
     }
 }
 
