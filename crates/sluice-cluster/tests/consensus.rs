@@ -3,13 +3,14 @@
 //! group-commit thread. The state machine is a list of the commands
 //! applied, so that every member's history can be compared.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_cluster::consensus::{
-    ConsensusNode, GroupSettings, ProposeError, RaftGroup, StateMachine, Wal,
+    ConsensusNode, GroupSettings, MemberChange, ProposeError, RaftGroup, StateMachine, Wal,
 };
 use sluice_cluster::cookie::Cookie;
 use sluice_cluster::link::{LinkSettings, Links};
@@ -111,6 +112,7 @@ struct Member {
     wal: Arc<GroupCommit>,
     group: Option<Arc<RaftGroup>>,
     history: History,
+    consensus: Option<Arc<ConsensusNode>>,
 }
 
 impl Member {
@@ -171,6 +173,48 @@ impl Member {
             wal,
             group: Some(group),
             history,
+            consensus: None,
+        }
+    }
+
+    /// A member with the ids given, on a node linked to all of `cluster`;
+    /// `joins` when it is added to a group that runs already.
+    async fn start_in_cluster(
+        name: &NodeName,
+        cluster: &[NodeName],
+        ids: BTreeMap<u64, NodeName>,
+        joins: bool,
+        dir: &Path,
+    ) -> Member {
+        let wal = GroupCommit::start(Duration::ZERO, |_, _| {});
+        let settings = LinkSettings {
+            node: name.clone(),
+            members: cluster.to_vec(),
+            cookie: Cookie::new("shared"),
+            heartbeat_timeout: Duration::from_millis(1000),
+            tls: None,
+        };
+        let links = Links::start(settings).await.expect("links start");
+        let consensus = ConsensusNode::new(
+            Some(Arc::clone(&links)),
+            Wal::open(dir, Arc::clone(&wal)).expect("the WAL opens"),
+        );
+        let mut settings = GroupSettings::with_member_ids(7, dir.to_path_buf(), name.clone(), ids);
+        settings.joins = joins;
+        settings.snapshot_every = 10;
+        settings.kept_behind_snapshot = 5;
+        let history = History::default();
+        let group = consensus
+            .start_group(settings, Box::new(history.clone()))
+            .await
+            .expect("the group starts");
+        Member {
+            name: name.clone(),
+            links: Some(links),
+            wal,
+            group: Some(group),
+            history,
+            consensus: Some(consensus),
         }
     }
 
@@ -387,4 +431,73 @@ async fn consensus_keeps_the_entries_its_state_reads_back_across_snapshots_and_r
     .await;
     member.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consensus_members_added_catch_up_vote_and_outlive_the_first() {
+    let base = temporary_dir("grow");
+    let names = free_names(3);
+    let only_first = BTreeMap::from([(1, names[0].clone())]);
+    let mut members = vec![
+        Member::start_in_cluster(&names[0], &names, only_first, false, &base.join("m0")).await,
+    ];
+    // Past a few snapshots: the new members get one, then the log after it.
+    for index in 0..35 {
+        propose(&members[0], &format!("c{index}")).await.unwrap();
+    }
+    // Ids no member had: the first member keeps its 1.
+    for (index, id) in [(1, 5_u64), (2, 6)] {
+        let ids = BTreeMap::from([(1, names[0].clone()), (id, names[index].clone())]);
+        let dir = base.join(format!("m{index}"));
+        members.push(Member::start_in_cluster(&names[index], &names, ids, true, &dir).await);
+        let change = MemberChange::Add {
+            id,
+            node: names[index].to_string(),
+        };
+        // Asked of a node that is not a member yet: it finds the leader.
+        members[index]
+            .consensus
+            .as_ref()
+            .unwrap()
+            .change_membership(7, &names[..1], change, TIMEOUT)
+            .await
+            .expect("the member is added");
+    }
+    let voters: Vec<u64> = members[0].group().voters().into_keys().collect();
+    assert_eq!(voters, [1, 5, 6]);
+    let expected = members[0].history.get();
+    assert_eq!(expected.len(), 35);
+    for member in &members {
+        eventually("the new members caught up", || {
+            member.history.get() == expected
+        })
+        .await;
+    }
+
+    // The first member goes: the two added ones are a majority, elect a
+    // leader among themselves and go on.
+    members[0].stop().await;
+    assert_eq!(propose(&members[1], "after").await.unwrap(), "36");
+    eventually("the leader is an added member", || {
+        members[1].group().leader() == Some(names[1].clone())
+            || members[1].group().leader() == Some(names[2].clone())
+    })
+    .await;
+    // And they remove it.
+    members[2]
+        .consensus
+        .as_ref()
+        .unwrap()
+        .change_membership(7, &names[1..], MemberChange::Remove { id: 1 }, TIMEOUT)
+        .await
+        .expect("the member is removed");
+    eventually("the removal is known", || {
+        members[1].group().voters().into_keys().collect::<Vec<_>>() == [5, 6]
+    })
+    .await;
+    assert_eq!(propose(&members[2], "two").await.unwrap(), "37");
+    for member in &mut members {
+        member.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -86,6 +86,7 @@ fn declare_queue(name: &str, arguments: FieldTable) -> MetadataCommand {
             home_incarnation: 1,
             declared_at: 0,
             members: Vec::new(),
+            member_ids: Default::default(),
         },
         connection: 0,
     }

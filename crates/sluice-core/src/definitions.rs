@@ -100,6 +100,12 @@ pub struct QueueDefinition {
     /// for other kinds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// The Raft id of each member (see
+    /// [`crate::quorum_members`]); empty in a definition written
+    /// before members could change, whose ids are their places in the
+    /// sorted member list.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub member_ids: BTreeMap<String, u64>,
 }
 
 fn durable_by_default() -> bool {

@@ -493,6 +493,7 @@ impl DefinitionsFile {
                     home_incarnation: node.incarnation,
                     declared_at: 0,
                     members: Vec::new(),
+                    member_ids: Default::default(),
                 },
                 connection: 0,
             });

@@ -15,6 +15,8 @@
 //! - [`metadata`]: the cluster's exchanges, queues and bindings as a log of
 //!   changes every node applies in order.
 //! - [`metadata_apply`]: a change of that log applied to the node.
+//! - [`quorum_members`]: a quorum queue's members and their Raft ids.
+//! - [`quorum_membership`]: adding and removing a quorum queue's members.
 //! - [`metadata_snapshot`]: the node's metadata as one value, and back.
 //! - [`definitions`]: exchanges, queues and bindings as data (snapshots,
 //!   the single-node `definitions.json` a node takes over).
@@ -66,6 +68,8 @@ pub mod queue_limits;
 pub mod queue_location;
 pub mod queue_timer;
 pub mod queue_type;
+pub mod quorum_members;
+pub mod quorum_membership;
 pub mod quorum_queue;
 pub mod ready;
 pub mod remote_queue;

@@ -73,6 +73,27 @@ impl Broker {
                 }
                 Ok(())
             }
+            MetadataCommand::AddQueueMember {
+                vhost,
+                name,
+                declared_at,
+                node,
+            } => {
+                // Whether `node` is one of the cluster's was checked before
+                // the change was proposed: what a node knows of the others
+                // (nothing yet, while it replays its log at start) must not
+                // make its reply differ.
+                let vhost = self.existing_vhost(&vhost)?;
+                vhost.apply_add_queue_member(index, &name, declared_at, &node)
+            }
+            MetadataCommand::RemoveQueueMember {
+                vhost,
+                name,
+                declared_at,
+                node,
+            } => self
+                .existing_vhost(&vhost)?
+                .apply_remove_queue_member(&name, declared_at, &node),
             MetadataCommand::Bind(change) => self.apply_binding(change, true),
             MetadataCommand::Unbind(change) => self.apply_binding(change, false),
             MetadataCommand::NodeStarted {

@@ -77,6 +77,7 @@ mod tests {
             home_incarnation: 7,
             declared_at: 0,
             members: Vec::new(),
+            member_ids: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::queue::{Queue, QueueHost, QueueOptions};
 use crate::queue_journal::QueueJournal;
 use crate::queue_limits::QueueLimits;
 use crate::queue_type::QueueType;
+use crate::quorum_members::Membership;
 use crate::quorum_queue::replication::QuorumGroups;
 use crate::quorum_queue::{QuorumQueue, QuorumQueueSpec};
 
@@ -76,12 +77,14 @@ fn create_quorum(spec: QueueSpec<'_>) -> Result<Arc<dyn Queue>, QueueCreateError
     let store = spec.store.ok_or_else(unsupported)?;
     let store_id = spec.store_id.unwrap_or_else(new_store_id);
     let local = groups.local_node();
-    let members = if spec.options.members.is_empty() {
-        vec![local]
-    } else {
-        spec.options.members.clone()
-    };
-    let preferred_leader = members[0].clone();
+    let mut members = spec.options.members.get();
+    if members.members.is_empty() {
+        // Made outside the metadata log's declaration (a definitions
+        // import): a member of one, here.
+        members = Membership::of(&[local], &Default::default());
+        spec.options.members.set(members.clone());
+    }
+    let preferred_leader = members.members[0].clone();
     Ok(QuorumQueue::create(
         QuorumQueueSpec {
             name: spec.name,

@@ -3,15 +3,19 @@
 //! `sluice_cluster::consensus`), on the links and group commit every group
 //! shares. A group starts in the background; proposals wait for it.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::quorum_hibernation::{Activity, RunningGroups};
 use bytes::Bytes;
-use sluice_cluster::consensus::{ConsensusNode, GroupSettings, RaftGroup, StateMachine};
+use sluice_cluster::consensus::{
+    ConsensusNode, GroupSettings, MemberChange as ConsensusChange, RaftGroup, StateMachine,
+};
 use sluice_cluster::node_name::NodeName;
 use sluice_core::quorum_queue::replication::{
-    GroupSpec, Proposed, QuorumGroups, ReplicatedLog, ReplicatedMachine,
+    GroupSpec, MemberChange, MembersChanged, Proposed, QuorumGroups, ReplicatedLog,
+    ReplicatedMachine,
 };
 use tokio::sync::watch;
 
@@ -219,12 +223,13 @@ impl QuorumGroups for NodeQuorumGroups {
             stop: Mutex::new(None),
             dir: spec.dir.clone(),
         });
-        let members: Result<Vec<NodeName>, String> = spec
+        let members: Result<BTreeMap<u64, NodeName>, String> = spec
             .members
             .iter()
-            .map(|member| {
+            .map(|(id, member)| {
                 member
                     .parse()
+                    .map(|node| (*id, node))
                     .map_err(|_| format!("member '{member}' is not a node name"))
             })
             .collect();
@@ -236,8 +241,10 @@ impl QuorumGroups for NodeQuorumGroups {
                 return log;
             }
         };
-        let mut settings = GroupSettings::new(spec.group, spec.dir, self.local.clone(), members);
-        settings.stands_first = spec.preferred_leader == self.local.as_str();
+        let mut settings =
+            GroupSettings::with_member_ids(spec.group, spec.dir, self.local.clone(), members);
+        settings.joins = spec.joins;
+        settings.stands_first = spec.preferred_leader == self.local.as_str() && !spec.joins;
         settings.another_stands_first = !settings.stands_first;
         // A queue's clients wait on its leader: a dead or hung one is
         // replaced within about two seconds (the followers wait out its
@@ -277,6 +284,30 @@ impl QuorumGroups for NodeQuorumGroups {
             }
         });
         log
+    }
+
+    fn change_members(
+        &self,
+        group: u64,
+        members: Vec<String>,
+        change: MemberChange,
+        timeout: Duration,
+    ) -> MembersChanged {
+        let consensus = Arc::clone(&self.consensus);
+        Box::pin(async move {
+            let members: Vec<NodeName> = members
+                .iter()
+                .filter_map(|member| member.parse().ok())
+                .collect();
+            let change = match change {
+                MemberChange::Add { id, node } => ConsensusChange::Add { id, node },
+                MemberChange::Remove { id } => ConsensusChange::Remove { id },
+            };
+            consensus
+                .change_membership(group, &members, change, timeout)
+                .await
+                .map_err(|error| error.to_string())
+        })
     }
 
     fn local_node(&self) -> String {

@@ -570,3 +570,63 @@ async fn ctl_policies_are_set_listed_and_cleared() {
     let missing = node.ctl(&["clear_policy", "cap"]);
     assert_eq!(missing.status.code(), Some(65));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_quorum_queue_members_are_refused_as_rabbitmq_queues_refuses_them() {
+    let node = Node::start("members").await;
+    let connection = connect(node.amqp_port).await;
+    publish(&connection, "classic", 1).await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            "replicated".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap();
+    let queues = node.ctl_json(&["list_queues", "name", "members"]);
+    let member = find(&queues, "name", "replicated").unwrap()["members"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Already a member: nothing to do, as with RabbitMQ.
+    let added = node.ctl_ok(&["add_member", "replicated", &member]);
+    assert_eq!(
+        added,
+        format!("Adding a replica for queue replicated on node {member}...\n")
+    );
+    let last = node.ctl(&["delete_member", "replicated", &member]);
+    assert_eq!(last.status.code(), Some(70), "{}", stderr(&last));
+    assert!(stderr(&last).contains("last_node"), "{}", stderr(&last));
+    let classic = node.ctl(&["add_member", "classic", &member]);
+    assert_eq!(
+        stderr(&classic),
+        "Error: Cannot add members to a classic queue\n"
+    );
+    let missing = node.ctl(&["add_member", "nothing", &member]);
+    assert_eq!(missing.status.code(), Some(65), "{}", stderr(&missing));
+    let stranger = node.ctl(&["grow", "nobody@127.0.0.1:1", "all"]);
+    assert!(
+        stderr(&stranger).contains("node_not_running"),
+        "{}",
+        stderr(&stranger)
+    );
+    // No quorum queue has a member there: nothing to shrink.
+    node.ctl_ok(&["shrink", "nobody@127.0.0.1:1"]);
+    node.ctl_ok(&["grow", &member, "even", "--queue-pattern", "^repl"]);
+    let queues = node.ctl_json(&["list_queues", "name", "members"]);
+    assert_eq!(
+        find(&queues, "name", "replicated").unwrap()["members"],
+        serde_json::json!([member])
+    );
+}

@@ -34,8 +34,14 @@ pub struct GroupSettings {
     /// Where its log, vote and snapshot live.
     pub dir: PathBuf,
     pub local: NodeName,
-    /// Every voter, the same on every member.
-    pub members: Vec<NodeName>,
+    /// Every voter by its Raft id, the same on every member. Ids are
+    /// stable: a membership change never renumbers a member (see
+    /// [`positional_member_ids`] for the ids groups were created with).
+    pub members: BTreeMap<u64, NodeName>,
+    /// This member was added to a group that already runs: it never
+    /// initializes the group, however long it waits, but catches up from
+    /// the leader as a learner and votes once the leader made it a voter.
+    pub joins: bool,
     pub heartbeat_interval: Duration,
     pub election_timeout: (Duration, Duration),
     /// Entries between snapshots.
@@ -52,12 +58,24 @@ pub struct GroupSettings {
 }
 
 impl GroupSettings {
+    /// A group whose members have the ids of [`positional_member_ids`].
     pub fn new(group: u64, dir: PathBuf, local: NodeName, members: Vec<NodeName>) -> Self {
+        Self::with_member_ids(group, dir, local, positional_member_ids(&members))
+    }
+
+    /// A group whose members have the ids given.
+    pub fn with_member_ids(
+        group: u64,
+        dir: PathBuf,
+        local: NodeName,
+        members: BTreeMap<u64, NodeName>,
+    ) -> Self {
         GroupSettings {
             group,
             dir,
             local,
             members,
+            joins: false,
             // openraft ticks at about a fifth of the heartbeat interval,
             // on every member, whether anything happens or not: 500 ms
             // keeps an idle group at ten wake-ups a second.
@@ -70,15 +88,12 @@ impl GroupSettings {
         }
     }
 
-    /// A member's id: its place in the sorted member list, from 1.
+    /// A member's id.
     fn node_id(&self, node: &NodeName) -> Option<u64> {
-        let mut sorted = self.members.clone();
-        sorted.sort();
-        sorted.dedup();
-        sorted
+        self.members
             .iter()
-            .position(|member| member == node)
-            .map(|position| position as u64 + 1)
+            .find(|(_, member)| *member == node)
+            .map(|(id, _)| *id)
     }
 
     fn openraft_config(&self) -> Result<Config, ConsensusError> {
@@ -102,6 +117,21 @@ impl GroupSettings {
     }
 }
 
+/// The ids every group had before members could change, and every group
+/// still gets when it is created: each member's place in the sorted member
+/// list, from 1. A member added later gets an id of its own that no member
+/// of the group ever had, so ids never need to change.
+pub fn positional_member_ids(members: &[NodeName]) -> BTreeMap<u64, NodeName> {
+    let mut sorted = members.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    sorted
+        .into_iter()
+        .enumerate()
+        .map(|(position, member)| (position as u64 + 1, member))
+        .collect()
+}
+
 /// The node's consensus: its links (None for a cluster of one), its
 /// write-ahead log, and the transport its groups share.
 pub struct ConsensusNode {
@@ -115,6 +145,10 @@ impl ConsensusNode {
             wal,
             transport: links.map(Transport::start),
         })
+    }
+
+    pub(super) fn transport(&self) -> Option<&Arc<Transport>> {
+        self.transport.as_ref()
     }
 
     /// Opens (or creates) a group's storage, replays it, and starts its
@@ -134,8 +168,8 @@ impl ConsensusNode {
             .node_id(&settings.local)
             .ok_or_else(|| fatal(format!("{} is not a member", settings.local)))?;
         let dir = &settings.dir;
-        std::fs::create_dir_all(dir).map_err(|error| {
-            ConsensusError::storage(format!("creating {}", dir.display()), error)
+        claim_dir(dir, local_id).map_err(|error| {
+            ConsensusError::storage(format!("preparing {}", dir.display()), error)
         })?;
         let log = LogStore::open(dir, Arc::clone(&self.wal)).map_err(|error| {
             ConsensusError::storage(format!("opening the log in {}", dir.display()), error)
@@ -172,15 +206,13 @@ impl ConsensusNode {
             .is_initialized()
             .await
             .map_err(|error| fatal(error.to_string()))?;
-        if fresh {
+        // A joining member waits for the leader to reach it: initializing
+        // would start a group of its own.
+        if fresh && !settings.joins {
             let members: BTreeMap<u64, BasicNode> = settings
                 .members
                 .iter()
-                .filter_map(|member| {
-                    settings
-                        .node_id(member)
-                        .map(|id| (id, BasicNode::new(member.as_str())))
-                })
+                .map(|(id, member)| (*id, BasicNode::new(member.as_str())))
                 .collect();
             if !settings.another_stands_first {
                 initialize(&raft, members, group).await;
@@ -192,9 +224,26 @@ impl ConsensusNode {
                 tokio::spawn(initialize_unless_led(raft.clone(), members, group, wait));
             }
         }
-        if settings.members.len() == 1 {
+        let alone = settings.members.len() == 1
+            && !settings.joins
+            && raft
+                .with_raft_state(|state| {
+                    state
+                        .membership_state
+                        .effective()
+                        .membership()
+                        .voter_ids()
+                        .count()
+                })
+                .await
+                .map_err(|error| fatal(error.to_string()))?
+                == 1;
+        if alone {
             // Alone, it need not wait an election timeout to find out that
-            // nobody else leads: it stands at once.
+            // nobody else leads: it stands at once. Alone as its log says:
+            // the member list it was started with may predate changes the
+            // log holds, and a member that stood at once in a group of
+            // several would only unseat its leader.
             raft.trigger()
                 .elect(false)
                 .await
@@ -205,17 +254,11 @@ impl ConsensusNode {
             // well before any of them would stand itself.
             tokio::spawn(stand_first(raft.clone(), settings.election_timeout.0));
         }
-        let members: BTreeMap<u64, NodeName> = settings
-            .members
-            .iter()
-            .filter_map(|member| settings.node_id(member).map(|id| (id, member.clone())))
-            .collect();
         Ok(Arc::new(RaftGroup {
             group,
             local_id,
             raft,
             log,
-            members,
             transport,
             applied,
             commit_latency_micros: AtomicU64::new(0),
@@ -243,7 +286,6 @@ pub struct RaftGroup {
     local_id: u64,
     raft: Raft,
     log: LogStore,
-    members: BTreeMap<u64, NodeName>,
     transport: Arc<Transport>,
     applied: watch::Receiver<u64>,
     /// See [`GroupStatus::commit_latency`], in microseconds.
@@ -252,21 +294,44 @@ pub struct RaftGroup {
 
 impl RaftGroup {
     /// Where the leader this node knows of is.
-    fn current_leader(&self) -> Leader<'_> {
+    fn current_leader(&self) -> Leader {
         match self.raft.metrics().borrow_watched().current_leader {
             Some(leader) if leader == self.local_id => Leader::Here,
             Some(leader) => self
-                .members
-                .get(&leader)
+                .member_name(leader)
                 .map_or(Leader::Unknown, Leader::Peer),
             None => Leader::Unknown,
         }
     }
 
+    /// The node of the member `id`, as the group's current membership
+    /// (the last one this member saw, committed or not) names it: members
+    /// come and go, so no list fixed at the start would do.
+    fn member_name(&self, id: u64) -> Option<NodeName> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let node = metrics.membership_config.membership().get_node(&id)?;
+        node.addr.parse().ok()
+    }
+
+    /// The voters of the group's current membership, by id.
+    pub fn voters(&self) -> BTreeMap<u64, NodeName> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let membership = metrics.membership_config.membership();
+        membership
+            .voter_ids()
+            .filter_map(|id| {
+                let node = membership.get_node(&id)?;
+                Some((id, node.addr.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// The leader this node knows of.
     pub fn leader(&self) -> Option<NodeName> {
         let leader = self.raft.metrics().borrow_watched().current_leader?;
-        self.members.get(&leader).cloned()
+        self.member_name(leader)
     }
 
     pub fn is_leader(&self) -> bool {
@@ -368,7 +433,7 @@ impl RaftGroup {
             }
             let attempt = match self.current_leader() {
                 Leader::Here => self.write_here(&command, left).await,
-                Leader::Peer(peer) => self.write_on(peer, &command, left, applied).await,
+                Leader::Peer(peer) => self.write_on(&peer, &command, left, applied).await,
                 Leader::Unknown => Attempt::Retry,
             };
             match attempt {
@@ -454,7 +519,7 @@ impl RaftGroup {
                 Leader::Peer(peer) => {
                     match self
                         .transport
-                        .request(peer, self.group, Request::ReadIndex, left)
+                        .request(&peer, self.group, Request::ReadIndex, left)
                         .await
                     {
                         Ok(Response::ReadIndex(Ok(index))) => Some(index),
@@ -482,9 +547,9 @@ impl RaftGroup {
         let mut metrics = self.raft.metrics();
         loop {
             let current = metrics.borrow_watched().current_leader;
-            if let Some(leader) = current.and_then(|id| self.members.get(&id)) {
-                if Some(leader) != known {
-                    return Some(leader.clone());
+            if let Some(leader) = current.and_then(|id| self.member_name(id)) {
+                if Some(&leader) != known {
+                    return Some(leader);
                 }
             }
             metrics.changed().await.ok()?;
@@ -496,8 +561,8 @@ impl RaftGroup {
         let mut metrics = self.raft.metrics();
         loop {
             let current = metrics.borrow_watched().current_leader;
-            let current = current.and_then(|id| self.members.get(&id));
-            if current.is_some_and(|current| current != leader) {
+            let current = current.and_then(|id| self.member_name(id));
+            if current.is_some_and(|current| current != *leader) {
                 return;
             }
             if metrics.changed().await.is_err() {
@@ -626,14 +691,116 @@ enum Applied {
     OnLeader,
 }
 
-enum Leader<'a> {
+enum Leader {
     Here,
-    Peer(&'a NodeName),
+    Peer(NodeName),
     Unknown,
+}
+
+/// The file in a group's directory that names the member whose files they
+/// are.
+const MEMBER_ID_FILE: &str = "member_id";
+
+/// Makes `dir` this member's: files an earlier member of this node left
+/// there (it was removed while the node was down, then the node was added
+/// again under a new id) are erased, as a new member starts empty. A
+/// directory without the file is one of a version that wrote none, whose
+/// ids never changed: it is this member's.
+fn claim_dir(dir: &std::path::Path, local_id: u64) -> std::io::Result<()> {
+    let file = dir.join(MEMBER_ID_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(text) if text.trim().parse() == Ok(local_id) => return Ok(()),
+        Ok(text) => {
+            tracing::info!(dir = %dir.display(), earlier = %text.trim(), local_id, "erasing what an earlier member left");
+            std::fs::remove_dir_all(dir)?;
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    std::fs::create_dir_all(dir)?;
+    let temporary = dir.join(format!("{MEMBER_ID_FILE}.new"));
+    std::fs::write(&temporary, local_id.to_string())?;
+    std::fs::rename(&temporary, &file)?;
+    Ok(())
 }
 
 enum Attempt {
     Done(Bytes),
     Failed(ProposeError),
     Retry,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(text: &str) -> NodeName {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn member_ids_of_a_group_created_before_ids_were_kept_are_sorted_positions() {
+        let members = [
+            name("c@127.0.0.1:3"),
+            name("a@127.0.0.1:1"),
+            name("b@127.0.0.1:2"),
+        ];
+        let ids = positional_member_ids(&members);
+        let expected: Vec<(u64, &str)> = vec![
+            (1, "a@127.0.0.1:1"),
+            (2, "b@127.0.0.1:2"),
+            (3, "c@127.0.0.1:3"),
+        ];
+        let got: Vec<(u64, String)> = ids
+            .into_iter()
+            .map(|(id, node)| (id, node.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            expected
+                .into_iter()
+                .map(|(id, node)| (id, node.to_owned()))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn member_ids_given_are_kept_whatever_their_order() {
+        let ids = BTreeMap::from([(2, name("a@127.0.0.1:1")), (7, name("z@127.0.0.1:9"))]);
+        let settings = GroupSettings::with_member_ids(
+            3,
+            PathBuf::from("/nowhere"),
+            name("z@127.0.0.1:9"),
+            ids,
+        );
+        assert_eq!(settings.node_id(&settings.local), Some(7));
+        assert_eq!(settings.node_id(&name("b@127.0.0.1:2")), None);
+    }
+
+    #[test]
+    fn member_dir_of_an_earlier_member_is_erased_and_a_legacy_one_kept() {
+        let dir = std::env::temp_dir().join(format!("sluice-claim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // A directory of a version that wrote no id: kept, and named now.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("vote"), b"legacy").unwrap();
+        claim_dir(&dir, 2).unwrap();
+        assert!(dir.join("vote").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MEMBER_ID_FILE)).unwrap(),
+            "2"
+        );
+        // The same member again: untouched.
+        claim_dir(&dir, 2).unwrap();
+        assert!(dir.join("vote").exists());
+        // Another member of this node, added later under a new id: starts
+        // empty.
+        claim_dir(&dir, 9).unwrap();
+        assert!(!dir.join("vote").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MEMBER_ID_FILE)).unwrap(),
+            "9"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

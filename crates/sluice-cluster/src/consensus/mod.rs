@@ -13,16 +13,19 @@
 //! - `transport`: those messages over the inter-node links, requests
 //!   matched with responses, for every group of the node.
 //! - `group`: a running group and the way to propose to it from any member.
+//! - `membership`: adding and removing a group's members, on its leader.
 
 mod group;
 mod log_store;
+mod membership;
 mod state_machine;
 mod transport;
 mod types;
 mod wal;
 mod wire;
 
-pub use group::{ConsensusNode, GroupSettings, GroupStatus, RaftGroup};
+pub use group::{positional_member_ids, ConsensusNode, GroupSettings, GroupStatus, RaftGroup};
+pub use membership::{MemberChange, MembershipError};
 pub use wal::Wal;
 
 use std::time::Duration;

@@ -19,6 +19,7 @@ use openraft::{BasicNode, OptionalSend, RaftNetworkV2, ReadPolicy};
 use tokio::sync::{oneshot, Semaphore};
 
 use super::log_store::{decode, encode_into};
+use super::membership::change_on_leader;
 use super::types::{Command, Raft, TypeConfig, Vote};
 use super::wire::{fragments, Message, ProposeRefusal, Reassembly, Request, Response};
 use super::CONSENSUS_CHANNEL;
@@ -28,6 +29,11 @@ use crate::node_name::NodeName;
 /// Requests from peers being handled at once; more wait in the link's
 /// channel queue, which pushes back on the senders.
 const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
+
+/// How long the leader works on a membership change a peer asked for: an
+/// added member may have a long log to catch up on before it votes. The
+/// node that asked gives up on its own bound first.
+const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +130,7 @@ impl Transport {
             .remove(&group);
     }
 
-    fn endpoint(&self, group: u64) -> Option<GroupEndpoint> {
+    pub fn endpoint(&self, group: u64) -> Option<GroupEndpoint> {
         self.groups
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -239,6 +245,9 @@ async fn handle(endpoint: GroupEndpoint, request: Request) -> Response {
         Request::ReadIndex => {
             Response::ReadIndex(read_index(&raft, endpoint.propose_timeout).await)
         }
+        Request::ChangeMembership(change) => Response::MembershipChanged(
+            change_on_leader(&raft, &change, MEMBERSHIP_CHANGE_TIMEOUT).await,
+        ),
         Request::Propose(command) => {
             // A hibernating leader (see `RaftGroup::hibernate`) wakes for
             // the work a follower hands it.

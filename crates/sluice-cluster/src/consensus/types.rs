@@ -24,8 +24,9 @@ impl std::fmt::Display for Reply {
 }
 
 openraft::declare_raft_types!(
-    /// Sluice's Raft types: node ids are positions in the sorted member
-    /// list, nodes are named by their `NAME@HOST:PORT`.
+    /// Sluice's Raft types: node ids are stable member ids (see
+    /// `group::positional_member_ids`), nodes are named by their
+    /// `NAME@HOST:PORT`.
     pub TypeConfig:
         D = Command,
         R = Reply,

@@ -11,6 +11,7 @@ use openraft::raft::{
 use serde::{Deserialize, Serialize};
 
 use super::log_store::entry_size_hint;
+use super::membership::MemberChange;
 use super::types::{SnapshotMeta, TypeConfig, Vote};
 use crate::link::FRAME_PAYLOAD_BYTES_MAX;
 
@@ -36,7 +37,7 @@ impl Message {
                 Request::Append(append) => append.entries.iter().map(entry_size_hint).sum(),
                 Request::Snapshot { data, .. } => data.len(),
                 Request::Propose(proposal) => proposal.len(),
-                Request::Vote(_) | Request::ReadIndex => 0,
+                Request::Vote(_) | Request::ReadIndex | Request::ChangeMembership(_) => 0,
             },
             Message::Response { response, .. } => match response {
                 Response::Proposed(Ok((reply, _))) => reply.len(),
@@ -62,6 +63,8 @@ pub enum Request {
     /// How far a member must apply to have seen every change committed
     /// before now (a read barrier).
     ReadIndex,
+    /// A change to the group's members, for its leader to make.
+    ChangeMembership(MemberChange),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -73,6 +76,8 @@ pub enum Response {
     Proposed(Result<(serde_bytes::ByteBuf, u64), ProposeRefusal>),
     /// The index to apply through; an error when not the leader.
     ReadIndex(Result<u64, ProposeRefusal>),
+    /// The change is committed; an error when not the leader.
+    MembershipChanged(Result<(), ProposeRefusal>),
     /// The receiver has no such group.
     NoGroup,
 }

@@ -48,6 +48,28 @@ pub enum MetadataCommand {
         name: String,
         declared_at: Option<u64>,
     },
+    /// Adds `node` to the members of the quorum queue `name` declared at
+    /// `declared_at`, under the id [`ADDED_MEMBER_ID_BASE`] plus the log
+    /// index of this command: an id no member ever had. Applied before the
+    /// queue's group takes the member in, so that `node` starts its member
+    /// for the leader to bring up to date (see
+    /// [`crate::quorum_membership`]).
+    ///
+    /// [`ADDED_MEMBER_ID_BASE`]: crate::quorum_members::ADDED_MEMBER_ID_BASE
+    AddQueueMember {
+        vhost: String,
+        name: String,
+        declared_at: u64,
+        node: String,
+    },
+    /// Removes `node` from the queue's members, after its group let it
+    /// go: `node` stops its member and erases its files.
+    RemoveQueueMember {
+        vhost: String,
+        name: String,
+        declared_at: u64,
+        node: String,
+    },
     Bind(BindingChange),
     Unbind(BindingChange),
     /// A node (re)started: its non-durable queues of earlier runs are gone

@@ -51,8 +51,11 @@ pub struct QueueOptions {
     /// The run of its home node that declared it (see
     /// [`crate::metadata::NodeIdentity::incarnation`]).
     pub home_incarnation: u64,
-    /// A quorum queue's members (see [`crate::definitions::QueueDefinition::members`]).
-    pub members: Vec<String>,
+    /// A quorum queue's members and their ids (see
+    /// [`crate::definitions::QueueDefinition::members`]); shared by the
+    /// queue and its vhost, which changes it in place as the metadata log
+    /// adds and removes members. Empty for other kinds.
+    pub members: crate::quorum_members::SharedMembership,
 }
 
 /// What became of a message offered to a queue.

@@ -47,6 +47,7 @@ use crate::queue::{
     QueueOptions, QueueStats,
 };
 use crate::queue_type::QueueType;
+use crate::quorum_members::Membership;
 use sluice_wire::reply_code::ReplyCode;
 
 /// Bodies read back from the log per pass: enough that a consumer
@@ -102,7 +103,7 @@ pub struct QuorumQueueSpec {
     pub store_id: String,
     /// Where this member keeps the queue's log.
     pub dir: PathBuf,
-    pub members: Vec<String>,
+    pub members: Membership,
     pub preferred_leader: String,
     /// This node's number (the top bits of its connection ids).
     pub node_number: u16,
@@ -118,7 +119,6 @@ pub struct QuorumQueue {
     options: QueueOptions,
     store_id: String,
     key: QueueKey,
-    members: Vec<String>,
     host: Weak<dyn QueueHost>,
     /// Where the leader routes what the queue dead-letters: from the
     /// effective arguments, replaced when a policy changes them.
@@ -319,7 +319,6 @@ impl QuorumQueue {
             policy_config: Mutex::new(declared_config.clone()),
             options: spec.options,
             store_id: spec.store_id,
-            members: spec.members.clone(),
             host: spec.host,
             this: this.clone(),
             member: Mutex::new(Member::new(
@@ -341,7 +340,8 @@ impl QuorumQueue {
                 group: queue.options.declared_at,
                 label: format!("queue '{}' in vhost '{}'", queue.name, queue.vhost),
                 dir: spec.dir,
-                members: spec.members,
+                joins: spec.members.joined(&groups.local_node()),
+                members: spec.members.by_id(),
                 preferred_leader: spec.preferred_leader,
             },
             Box::new(Applier {
@@ -393,9 +393,9 @@ impl QuorumQueue {
         self.log.get().is_some_and(|log| log.is_leader())
     }
 
-    /// The members of the queue's group.
-    pub fn members(&self) -> &[String] {
-        &self.members
+    /// The members of the queue's group, as the metadata has them now.
+    pub fn members(&self) -> Vec<String> {
+        self.options.members.members()
     }
 
     /// The leader this member knows of.

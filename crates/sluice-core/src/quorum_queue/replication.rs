@@ -4,6 +4,7 @@
 //! `consensus` module of `sluice-cluster`); the core only asks, as it does
 //! for forwarding.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -46,8 +47,12 @@ pub struct GroupSpec {
     pub label: String,
     /// Where this member keeps its log.
     pub dir: PathBuf,
-    /// Every member's node name, the same on all of them.
-    pub members: Vec<String>,
+    /// Every member's node name by its Raft id, as the metadata has them
+    /// when the member starts (see [`crate::quorum_members`]).
+    pub members: BTreeMap<u64, String>,
+    /// This member was added to a group that already runs: it catches up
+    /// from the leader and never initializes the group.
+    pub joins: bool,
     /// The member that stands for leader first (the node the queue was
     /// placed on); any member may lead later.
     pub preferred_leader: String,
@@ -92,8 +97,33 @@ pub trait ReplicatedLog: Send + Sync {
     fn is_stopped(&self) -> bool;
 }
 
+/// One change to a group's members, made on its leader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// The member `id` on `node` joins: a learner until it has caught up
+    /// from the leader, then a voter.
+    Add { id: u64, node: String },
+    /// The member `id` leaves.
+    Remove { id: u64 },
+}
+
+/// A membership change's outcome.
+pub type MembersChanged = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
 /// The node's consensus, for the quorum queues it holds a member of.
 pub trait QuorumGroups: Send + Sync {
+    /// Makes `change` to `group` on its leader, found among `members` (the
+    /// queue's, as the metadata has them) or this node's own member;
+    /// resolves once the change is committed (an added member has caught
+    /// up by then), or with why not within `timeout`.
+    fn change_members(
+        &self,
+        group: u64,
+        members: Vec<String>,
+        change: MemberChange,
+        timeout: std::time::Duration,
+    ) -> MembersChanged;
+
     /// Starts (or reopens, replaying its log into `machine`) this node's
     /// member of a group. Returns at once; proposals wait for the start.
     fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog>;

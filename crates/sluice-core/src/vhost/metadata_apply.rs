@@ -17,6 +17,7 @@ use crate::queue::{ConnectionId, Queue, QueueOptions};
 use crate::queue_factory::create_queue;
 use crate::queue_location::QueueLocator;
 use crate::queue_type::QueueType;
+use crate::quorum_members::{positional_ids, Membership, SharedMembership};
 use amq_protocol::types::FieldTable;
 
 /// `x-quorum-initial-group-size` when not given.
@@ -101,6 +102,8 @@ impl VirtualHost {
             home: Some(home),
             home_incarnation: self.node.incarnation,
             declared_at: 0,
+            // Recorded, so that they stay what they are as members change.
+            member_ids: positional_ids(&members),
             members,
         }
     }
@@ -205,7 +208,7 @@ impl VirtualHost {
 
     /// The queue object for a definition: the queue itself on its home
     /// node, a stand-in elsewhere.
-    fn materialize_queue(&self, definition: &QueueDefinition) -> Arc<dyn Queue> {
+    pub(super) fn materialize_queue(&self, definition: &QueueDefinition) -> Arc<dyn Queue> {
         let name: Arc<str> = Arc::from(definition.name.as_str());
         let options = QueueOptions {
             durable: definition.durable,
@@ -214,7 +217,7 @@ impl VirtualHost {
             arguments: definition.arguments.clone(),
             declared_at: definition.declared_at,
             home_incarnation: definition.home_incarnation,
-            members: definition.members.clone(),
+            members: SharedMembership::new(quorum_membership_of(definition)),
         };
         // A quorum queue is held by each of its members; a node that is
         // not one reaches it through its home.
@@ -339,7 +342,7 @@ impl VirtualHost {
         }
     }
 
-    fn home_of<'a>(&'a self, queue: &'a dyn Queue) -> &'a str {
+    pub(super) fn home_of<'a>(&'a self, queue: &'a dyn Queue) -> &'a str {
         queue.home_node().unwrap_or(&self.node.name)
     }
 
@@ -393,6 +396,7 @@ impl VirtualHost {
         }
         for queue in queues.values() {
             let options = queue.options();
+            let membership = options.members.get();
             definitions.queues.push(QueueDefinition {
                 name: queue.name().to_string(),
                 store_id: queue.store_id().map(str::to_owned),
@@ -403,7 +407,8 @@ impl VirtualHost {
                 home: Some(self.home_of(queue.as_ref()).to_owned()),
                 home_incarnation: options.home_incarnation,
                 declared_at: options.declared_at,
-                members: options.members.clone(),
+                members: membership.members,
+                member_ids: membership.ids,
             });
         }
         definitions.policies = self.policy_list();
@@ -449,8 +454,17 @@ impl VirtualHost {
         for definition in wanted {
             let present = read(&self.queues)
                 .get(definition.name.as_str())
-                .is_some_and(|queue| queue.options().declared_at == definition.declared_at);
-            if !present {
+                .filter(|queue| queue.options().declared_at == definition.declared_at)
+                .cloned();
+            if let Some(queue) = &present {
+                // Its members may have changed in the entries the snapshot
+                // stands for.
+                let wanted = Membership::of(&definition.members, &definition.member_ids);
+                if !definition.members.is_empty() && queue.options().members.get() != wanted {
+                    self.change_queue_members(queue, wanted);
+                }
+            }
+            if present.is_none() {
                 let queue = self.materialize_queue(definition);
                 self.start_timers_when_ready(&queue);
                 self.queues_mut().insert(Arc::clone(queue.name()), queue);
@@ -576,6 +590,19 @@ impl VirtualHost {
             self.exchanges_mut()
                 .insert(Arc::clone(&exchange.name), Arc::new(exchange));
         }
+    }
+}
+
+/// A quorum queue's members as a definition gives them. One declared
+/// without members (by a definitions import) has its home alone, on every
+/// node alike, as its home's queue makes itself.
+fn quorum_membership_of(definition: &QueueDefinition) -> Membership {
+    let quorum = QueueType::of_arguments(&definition.arguments) == Some(QueueType::Quorum);
+    match &definition.home {
+        Some(home) if quorum && definition.members.is_empty() => {
+            Membership::of(std::slice::from_ref(home), &definition.member_ids)
+        }
+        _ => Membership::of(&definition.members, &definition.member_ids),
     }
 }
 

@@ -14,6 +14,7 @@ mod metadata_apply;
 mod policy_apply;
 mod publish;
 mod queue_host;
+mod quorum_members_apply;
 mod routing;
 mod topology;
 

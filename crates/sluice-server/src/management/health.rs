@@ -110,7 +110,7 @@ async fn node_is_quorum_critical(
             if queue.queue_type() != QueueType::Quorum {
                 continue;
             }
-            let group = &queue.options().members;
+            let group = queue.options().members.members();
             if !group.contains(&local) {
                 continue;
             }

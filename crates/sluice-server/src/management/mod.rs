@@ -14,7 +14,7 @@
 //! - one module per resource: [`overview`], [`connections`], [`channels`],
 //!   [`exchanges`], [`queues`], [`bindings`], [`access`] (vhosts, users,
 //!   permissions), [`limits_and_topics`], [`policies`] (and parameters),
-//!   [`definitions`], [`health`].
+//!   [`definitions`], [`health`], [`replicas`] (quorum queue members).
 //! - [`ui`]: the web UI's static files, at `/` and `/ui/`.
 
 pub mod access;
@@ -39,6 +39,7 @@ pub mod publish;
 pub mod queue_ops;
 pub mod queues;
 pub mod rates;
+pub mod replicas;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -148,6 +149,7 @@ fn router(state: Arc<ManagementState>) -> Router {
         .merge(channels::routes())
         .merge(exchanges::routes())
         .merge(queues::routes())
+        .merge(replicas::routes())
         .merge(bindings::routes())
         .merge(access::routes())
         .merge(limits_and_topics::routes())

@@ -108,11 +108,11 @@ fn queue_json(
         let leader = queue.leader();
         object.insert("node".into(), json!(leader.clone().unwrap_or(home)));
         object.insert("leader".into(), json!(leader));
-        object.insert("members".into(), json!(options.members));
+        let members = options.members.members();
+        object.insert("members".into(), json!(members));
         object.insert(
             "online".into(),
-            json!(options
-                .members
+            json!(members
                 .iter()
                 .filter(|member| running.contains(member))
                 .collect::<Vec<_>>()),

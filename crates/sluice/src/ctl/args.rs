@@ -89,6 +89,24 @@ impl ApplyTo {
     }
 }
 
+/// Which quorum queues `grow` adds a member to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GrowStrategy {
+    /// Every one that has no member on the node
+    All,
+    /// Only those with an even number of members
+    Even,
+}
+
+impl GrowStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrowStrategy::All => "all",
+            GrowStrategy::Even => "even",
+        }
+    }
+}
+
 // snake_case names the commands as rabbitmqctl does; it also applies to the
 // commands' own options, so those spell their long names out.
 #[derive(Debug, Subcommand)]
@@ -208,6 +226,48 @@ pub enum CtlCommand {
     },
     /// Removes the ready messages of a queue in the vhost
     PurgeQueue { name: String },
+    /// Adds a member (replica) of a quorum queue of the vhost on NODE; it catches up, then votes (rabbitmq-queues add_member)
+    AddMember {
+        queue: String,
+        // Its own id: clap would otherwise take it for the global --node.
+        #[arg(id = "member_node", value_name = "NODE")]
+        node: String,
+    },
+    /// Removes the member of a quorum queue of the vhost on NODE, which erases its copy (rabbitmq-queues delete_member)
+    DeleteMember {
+        queue: String,
+        // Its own id: clap would otherwise take it for the global --node.
+        #[arg(id = "member_node", value_name = "NODE")]
+        node: String,
+    },
+    /// Adds a member on NODE to every matching quorum queue without one there: all of them, or those with an even number of members
+    Grow {
+        // Its own id: clap would otherwise take it for the global --node.
+        #[arg(id = "member_node", value_name = "NODE")]
+        node: String,
+        #[arg(value_enum)]
+        strategy: GrowStrategy,
+        /// Vhosts whose queues grow (a regular expression)
+        #[arg(
+            long = "vhost-pattern",
+            default_value = ".*",
+            allow_hyphen_values = true
+        )]
+        vhost_pattern: String,
+        /// Queues that grow (a regular expression)
+        #[arg(
+            long = "queue-pattern",
+            default_value = ".*",
+            allow_hyphen_values = true
+        )]
+        queue_pattern: String,
+    },
+    /// Removes the member on NODE of every quorum queue that has one there and another elsewhere
+    Shrink {
+        // Its own id: clap would otherwise take it for the global --node.
+        #[arg(id = "member_node", value_name = "NODE")]
+        node: String,
+    },
     /// Deletes a queue in the vhost
     DeleteQueue {
         name: String,

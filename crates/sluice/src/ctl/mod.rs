@@ -8,7 +8,7 @@
 //! - [`listing`]: the `list_*` commands and their columns.
 //! - one module per kind of object: [`node`] (status, health), [`access`]
 //!   (users, vhosts, permissions), [`policies`], [`definitions`],
-//!   [`queues`], [`connections`].
+//!   [`queues`], [`members`] (quorum queue members), [`connections`].
 
 pub mod access;
 pub mod args;
@@ -17,6 +17,7 @@ pub mod connections;
 pub mod definitions;
 pub mod error;
 pub mod listing;
+pub mod members;
 pub mod node;
 pub mod output;
 pub mod policies;
@@ -154,6 +155,15 @@ fn dispatch(context: &Context, command: CtlCommand, await_seconds: u64) -> CtlRe
         ImportDefinitions { file } => definitions::import_definitions(context, &file),
         CloseConnection { name, reason } => connections::close_connection(context, &name, &reason),
         PurgeQueue { name } => queues::purge_queue(context, &name),
+        AddMember { queue, node } => members::add_member(context, &queue, &node),
+        DeleteMember { queue, node } => members::delete_member(context, &queue, &node),
+        Grow {
+            node,
+            strategy,
+            vhost_pattern,
+            queue_pattern,
+        } => members::grow(context, &node, strategy, &vhost_pattern, &queue_pattern),
+        Shrink { node } => members::shrink(context, &node),
         DeleteQueue {
             name,
             if_empty,

@@ -1,0 +1,336 @@
+//! A quorum queue's members grown and shrunk on a 3-node cluster of real
+//! `sluice server` processes, through the management API and `sluice ctl`
+//! of nodes that are not members: the new members catch up with what was published
+//! before them and carry the queue once its first node is killed; a
+//! removed member is gone with its files while the queue keeps serving;
+//! the membership outlives a restart.
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use futures_lite::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+use serde_json::{json, Value};
+use support::cluster::{channel_on, cluster, Node};
+use support::{declare_durable_with, free_port};
+
+/// Messages published before the queue grows.
+const MESSAGES: u32 = 300;
+
+/// One request to the API at `port` as guest, with a JSON body: status
+/// and JSON body.
+fn call(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(90)))
+        .build()
+        .into();
+    let token = base64::engine::general_purpose::STANDARD.encode("guest:guest");
+    let request = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://127.0.0.1:{port}{path}"))
+        .header("authorization", format!("Basic {token}"))
+        .header("content-type", "application/json");
+    let text = body.map(|body| body.to_string()).unwrap_or_default();
+    // A node restarting does not listen yet: status 0.
+    let Ok(mut response) = agent.run(request.body(text).unwrap()) else {
+        return (0, Value::Null);
+    };
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    (status, body)
+}
+
+async fn call_async(
+    port: u16,
+    method: &'static str,
+    path: String,
+    body: Option<Value>,
+) -> (u16, Value) {
+    tokio::task::spawn_blocking(move || call(port, method, &path, body))
+        .await
+        .unwrap()
+}
+
+/// The queue's members as node `port` lists them, once `check` holds.
+async fn members_once(port: u16, check: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = call_async(port, "GET", "/api/queues/%2F/grown".into(), None).await;
+        let members: Vec<String> = body["members"]
+            .as_array()
+            .map(|members| {
+                members
+                    .iter()
+                    .filter_map(|member| member.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if status == 200 && check(&members) {
+            return members;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members never as expected: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
+    names.sort();
+    names
+}
+
+fn same_members(members: &[String], expected: &[&str]) -> bool {
+    let mut members = members.to_vec();
+    members.sort();
+    members == sorted(expected)
+}
+
+/// The quorum queues' log directories in a node's data directory.
+fn queue_dirs(data_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(data_dir.join("queues"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .filter(|entry| entry.path().is_dir())
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn with_management(nodes: &[Node]) -> Vec<u16> {
+    let ports: Vec<u16> = nodes.iter().map(|_| free_port()).collect();
+    for (node, port) in nodes.iter().zip(&ports) {
+        let mut config = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&node.config)
+            .unwrap();
+        writeln!(
+            config,
+            "management.tcp.port = {port}\nmanagement.tcp.ip = 127.0.0.1"
+        )
+        .unwrap();
+    }
+    ports
+}
+
+async fn publish_confirmed(node: &Node, numbers: std::ops::Range<u32>) {
+    let (_connection, channel) = channel_on(node).await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut confirms = Vec::new();
+    for number in numbers {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                "grown".into(),
+                BasicPublishOptions::default(),
+                &number.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish sent");
+        confirms.push(confirm);
+    }
+    for confirm in confirms {
+        assert!(confirm.await.expect("a confirm arrives").is_ack());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
+    let mut nodes = cluster("membership", &["secret", "secret", "secret"]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    let names: Vec<String> = nodes.iter().map(|node| node.name.clone()).collect();
+    // Once node 3 takes connections, the cluster has formed.
+    drop(support::connect(nodes[2].amqp_port).await);
+
+    // A queue of one member, on node 1, with messages.
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
+    declare_durable_with(&channel, "grown", arguments).await;
+    publish_confirmed(&nodes[0], 0..MESSAGES).await;
+    assert_eq!(members_once(api[0], |_| true).await, [names[0].clone()]);
+
+    // Asked of node 3, which holds no member: node 2 joins.
+    let add = json!({"node": names[1]});
+    let (status, body) = call_async(
+        api[2],
+        "POST",
+        "/api/queues/quorum/%2F/grown/replicas/add".into(),
+        Some(add),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    // Then every quorum queue grows to node 3, with `sluice ctl` asking
+    // node 2.
+    let arguments = [
+        "ctl".to_owned(),
+        "-n".to_owned(),
+        format!("127.0.0.1:{}", api[1]),
+        "grow".to_owned(),
+        names[2].clone(),
+        "all".to_owned(),
+        "--queue-pattern".to_owned(),
+        "^grown$".to_owned(),
+    ];
+    let grown = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(&arguments)
+            .env_remove("SLUICE_CTL_USERNAME")
+            .env_remove("SLUICE_CTL_PASSWORD")
+            .output()
+            .expect("sluice ctl runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        grown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&grown.stderr)
+    );
+    let all = [names[0].as_str(), names[1].as_str(), names[2].as_str()];
+    members_once(api[0], |members| same_members(members, &all)).await;
+    members_once(api[2], |members| same_members(members, &all)).await;
+
+    // Refusals, with their reasons.
+    let unknown = json!({"node": "nobody@127.0.0.1:1"});
+    let (status, body) = call_async(
+        api[0],
+        "POST",
+        "/api/queues/quorum/%2F/grown/replicas/add".into(),
+        Some(unknown),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("node_not_running"),
+        "{body}"
+    );
+    let (status, _) = call_async(
+        api[0],
+        "POST",
+        "/api/queues/quorum/%2F/missing/replicas/add".into(),
+        Some(json!({"node": names[1]})),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // The first member goes: the added ones caught up, elect a leader
+    // and hand out everything published before they joined.
+    nodes[0].kill();
+    let (_consuming, channel) = channel_on(&nodes[1]).await;
+    let mut consumer = channel
+        .basic_consume(
+            "grown".into(),
+            "reader".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume-ok");
+    let mut received = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < MESSAGES as usize {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let delivery = tokio::time::timeout(left, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {MESSAGES} arrived", received.len()))
+            .expect("a delivery")
+            .expect("a delivery");
+        received.insert(u32::from_be_bytes(delivery.data[..4].try_into().unwrap()));
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert_eq!(received, (0..MESSAGES).collect());
+    channel.close(200, "done".into()).await.unwrap();
+    nodes[0].start();
+
+    // Node 3's member goes, asked of node 2; its files go with it.
+    let on_node_3 = queue_dirs(&nodes[2].data_dir);
+    assert_eq!(
+        on_node_3.len(),
+        1,
+        "node 3 holds the queue's log: {on_node_3:?}"
+    );
+    let path = format!("/api/queues/quorum/replicas/on/{}/shrink", names[2]);
+    let (status, body) = call_async(api[1], "DELETE", path, None).await;
+    assert_eq!(status, 204, "{body}");
+    let two = [names[0].as_str(), names[1].as_str()];
+    members_once(api[2], |members| same_members(members, &two)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !queue_dirs(&nodes[2].data_dir).is_empty() {
+        assert!(Instant::now() < deadline, "node 3 kept the queue's log");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The queue keeps serving, through node 3 too.
+    publish_confirmed(&nodes[2], 1000..1001).await;
+    let (_getting, channel) = channel_on(&nodes[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let message = loop {
+        if let Some(message) = channel
+            .basic_get("grown".into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get answers")
+        {
+            break message;
+        }
+        assert!(Instant::now() < deadline, "the last message never came");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(message.delivery.data, 1000u32.to_be_bytes());
+
+    // The last member stays.
+    nodes[1].kill();
+    nodes[1].start();
+    members_once(api[1], |members| same_members(members, &two)).await;
+    let (status, body) = call_async(
+        api[1],
+        "DELETE",
+        "/api/queues/quorum/%2F/grown/replicas/delete".into(),
+        Some(json!({"node": names[0]})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let only = [names[1].as_str()];
+    members_once(api[0], |members| same_members(members, &only)).await;
+    let (status, body) = call_async(
+        api[0],
+        "DELETE",
+        "/api/queues/quorum/%2F/grown/replicas/delete".into(),
+        Some(json!({"node": names[1]})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().starts_with("last_node"),
+        "{body}"
+    );
+}
