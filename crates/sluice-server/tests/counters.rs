@@ -116,6 +116,8 @@ async fn counters_count_publishes_deliveries_acks_and_confirms_where_they_happen
         published_bytes: 1200,
         routed: 11,
         returned_unroutable: 1,
+        // The publisher's channel is in confirm mode.
+        received_confirm: 12,
         confirmed: 12,
         delivered: 12,
         delivered_bytes: 1200,
