@@ -143,7 +143,7 @@ async fn delete_vhost(
     change::delete(&state, exists, MetadataCommand::DeleteVhost { name }).await
 }
 
-fn user_json(user: &UserDefinition) -> Value {
+pub(super) fn user_json(user: &UserDefinition) -> Value {
     json!({
         "name": user.name,
         "password_hash": user.password_hash,
@@ -262,7 +262,7 @@ async fn delete_user(
     change::delete(&state, exists, MetadataCommand::DeleteUser { name }).await
 }
 
-fn permission_json(permission: &PermissionDefinition) -> Value {
+pub(super) fn permission_json(permission: &PermissionDefinition) -> Value {
     json!({
         "user": permission.user,
         "vhost": permission.vhost,

@@ -18,9 +18,11 @@ use sluice_core::definitions_import::{parse_definitions, DefinitionsFileError};
 use sluice_core::exchange::Destination;
 use sluice_core::vhost::VirtualHost;
 
+use super::access::{permission_json, user_json};
 use super::auth::Caller;
 use super::error::{ApiError, ApiResult};
-use super::json::table_to_json;
+use super::json::{table_to_json, to_json};
+use super::limits_and_topics::topic_json;
 use super::ManagementState;
 use crate::handshake::RABBITMQ_VERSION_FOLLOWED;
 
@@ -119,45 +121,9 @@ async fn export(
         queues.extend(vhost_queues);
         bindings.extend(vhost_bindings);
     }
-    let users: Vec<Value> = access
-        .users
-        .iter()
-        .map(|user| {
-            json!({
-                "name": user.name,
-                "password_hash": user.password_hash,
-                "hashing_algorithm": user.hashing_algorithm.definitions_name(),
-                "tags": user.tags,
-                "limits": {},
-            })
-        })
-        .collect();
-    let permissions: Vec<Value> = access
-        .permissions
-        .iter()
-        .map(|permission| {
-            json!({
-                "user": permission.user,
-                "vhost": permission.vhost,
-                "configure": permission.configure,
-                "write": permission.write,
-                "read": permission.read,
-            })
-        })
-        .collect();
-    let topic_permissions: Vec<Value> = access
-        .topic_permissions
-        .iter()
-        .map(|permission| {
-            json!({
-                "user": permission.user,
-                "vhost": permission.vhost,
-                "exchange": permission.exchange,
-                "write": permission.write,
-                "read": permission.read,
-            })
-        })
-        .collect();
+    let users: Vec<Value> = access.users.iter().map(user_json).collect();
+    let permissions: Vec<Value> = access.permissions.iter().map(permission_json).collect();
+    let topic_permissions: Vec<Value> = access.topic_permissions.iter().map(topic_json).collect();
     let parameters = to_json(state.broker.parameters());
     let mut global_parameters = to_json(state.broker.global_parameters());
     if state.broker.global_parameter("cluster_name").is_none() {
@@ -230,13 +196,6 @@ async fn import(
         state.broker.metadata.propose(command).await?;
     }
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn to_json<T: serde::Serialize>(items: Vec<T>) -> Vec<Value> {
-    items
-        .into_iter()
-        .map(|item| serde_json::to_value(item).expect("definitions always encode"))
-        .collect()
 }
 
 /// An error with its causes, one after the other.

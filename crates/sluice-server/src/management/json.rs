@@ -40,6 +40,15 @@ pub fn value_to_json(value: &AMQPValue) -> Value {
     }
 }
 
+/// Definitions (policies, parameters) as the API lists them: their
+/// serialized form, which is RabbitMQ's definitions JSON.
+pub fn to_json<T: serde::Serialize>(items: Vec<T>) -> Vec<Value> {
+    items
+        .into_iter()
+        .map(|item| serde_json::to_value(item).expect("definitions always encode"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

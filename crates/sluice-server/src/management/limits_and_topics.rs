@@ -35,7 +35,7 @@ pub fn routes() -> Router<Arc<ManagementState>> {
         )
 }
 
-fn topic_json(permission: &TopicPermissionDefinition) -> Value {
+pub(super) fn topic_json(permission: &TopicPermissionDefinition) -> Value {
     json!({
         "user": permission.user,
         "vhost": permission.vhost,

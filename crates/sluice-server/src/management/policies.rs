@@ -18,6 +18,7 @@ use super::auth::Caller;
 use super::body::JsonObject;
 use super::change;
 use super::error::{ApiError, ApiResult};
+use super::json::to_json;
 use super::list_query::ListQuery;
 use super::ManagementState;
 
@@ -51,13 +52,6 @@ fn escaped(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
-}
-
-fn to_json<T: serde::Serialize>(items: Vec<T>) -> Vec<Value> {
-    items
-        .into_iter()
-        .map(|item| serde_json::to_value(item).expect("definitions always encode"))
-        .collect()
 }
 
 /// Policies are listed for every management user, in the vhosts they see.
