@@ -102,7 +102,8 @@ impl Pager {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.wake.notify_all();
-        if let Some(thread) = lock(&self.thread).take() {
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread {
             let _ = thread.join();
         }
         lock(&self.work).clear();

@@ -968,7 +968,8 @@ impl GroupCommit {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.wake.notify_all();
-        if let Some(thread) = lock(&self.thread).take() {
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread {
             // The last owner may let go on the sync thread itself (a signal
             // it runs holds a reference for a moment): that thread sees the
             // stop flag once its round ends and cannot wait for itself.
@@ -1004,7 +1005,8 @@ mod tests {
         let (stopped_sender, stopped) = mpsc::channel();
         let owner = Mutex::new(Some(Arc::clone(&group)));
         buffer.set_written_signal(Box::new(move || {
-            if let Some(group) = lock(&owner).take() {
+            let group = lock(&owner).take();
+            if let Some(group) = group {
                 group.stop();
                 let _ = stopped_sender.send(());
             }

@@ -295,7 +295,12 @@ pub struct RaftGroup {
 impl RaftGroup {
     /// Where the leader this node knows of is.
     fn current_leader(&self) -> Leader {
-        match self.raft.metrics().borrow_watched().current_leader {
+        // Copied out before `member_name` borrows the metrics again: a
+        // borrow held across a second one deadlocks the moment openraft's
+        // writer queues between the two (the lock prefers writers), and
+        // with it every task on that worker thread.
+        let leader = self.raft.metrics().borrow_watched().current_leader;
+        match leader {
             Some(leader) if leader == self.local_id => Leader::Here,
             Some(leader) => self
                 .member_name(leader)

@@ -198,7 +198,8 @@ impl Transport {
         };
         match message {
             Message::Response { id, response } => {
-                if let Some(waiting) = lock(&self.pending).remove(&id) {
+                let waiting = lock(&self.pending).remove(&id);
+                if let Some(waiting) = waiting {
                     let _ = waiting.send(response);
                 }
             }

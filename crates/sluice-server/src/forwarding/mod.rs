@@ -308,7 +308,8 @@ impl ForwardHome for PeerForwarding {
     }
 
     fn forget_queue(&self, key: &QueueKey) -> Vec<Arc<Consumer>> {
-        match lock(&self.session).clone() {
+        let session = lock(&self.session).clone();
+        match session {
             Some(session) => lock(&session.client).forget_queue(key),
             None => Vec::new(),
         }
@@ -323,7 +324,8 @@ impl ForwardHome for PeerForwarding {
     }
 
     fn dispatch(&self, key: &QueueKey) {
-        if let Some(session) = lock(&self.session).clone() {
+        let session = lock(&self.session).clone();
+        if let Some(session) = session {
             lock(&session.client).dispatch(&session.lane, key);
         }
     }
@@ -331,7 +333,8 @@ impl ForwardHome for PeerForwarding {
     fn settle(&self, key: &QueueKey, settlement: Settlement, messages: &[MessageId]) {
         // Settlements for a link that is gone are dropped: the home node
         // requeued those messages when it went.
-        if let Some(session) = lock(&self.session).clone() {
+        let session = lock(&self.session).clone();
+        if let Some(session) = session {
             session.lane.send(&Op::Settle {
                 key: key.clone(),
                 settlement,

@@ -201,7 +201,8 @@ impl Served {
         });
         match added {
             Ok(()) if self.ended.load(Ordering::SeqCst) => {
-                if let Some(served) = lock(&self.consumers).remove(&request.consumer) {
+                let served = lock(&self.consumers).remove(&request.consumer);
+                if let Some(served) = served {
                     self.remove_from_queue(&served);
                 }
             }
