@@ -91,6 +91,11 @@ pub struct Connection {
     /// ends, even with frames still buffered: the reader checks its queues'
     /// congestion and the alarms, and lets other connections run.
     publishes_in_batch: u32,
+    /// A publish in the current batch left a quorum queue with
+    /// `quorum_commands_soft_limit` of its channel's messages in flight:
+    /// the batch ends there, so the limit is passed by one batch's worth
+    /// at most, not by a whole publish credit.
+    soft_limit_reached: bool,
     /// `credit_flow_default_credit`: publishes a reader may route between
     /// two looks at its queues' congestion.
     publish_credit: u32,
@@ -192,6 +197,7 @@ pub async fn serve(
             frame_max: negotiated.frame_max,
             channel_max: negotiated.channel_max,
             max_message_size: settings.max_message_size,
+            quorum_commands_soft_limit: settings.quorum_commands_soft_limit,
             client_capabilities: negotiated.client_capabilities,
             stats,
             bodies_under_way,
@@ -211,6 +217,7 @@ pub async fn serve(
         releasing: None,
         close_ok_owed: false,
         publishes_in_batch: 0,
+        soft_limit_reached: false,
         publish_credit: settings.publish_credit,
         registration,
         consumer_timeout: settings.consumer_timeout.map(|timeout| {
@@ -479,6 +486,9 @@ impl Connection {
             if !self.wait_while_congested(signal).await {
                 continue;
             }
+            if !self.wait_while_slow(signal).await {
+                continue;
+            }
             if !self.wait_while_alarmed(signal).await {
                 continue;
             }
@@ -512,8 +522,9 @@ impl Connection {
     /// Handles the frames already read, up to the publish credit.
     fn handle_buffered_frames(&mut self, reader: &mut FrameReader) -> Batch {
         self.publishes_in_batch = 0;
+        self.soft_limit_reached = false;
         loop {
-            if self.publishes_in_batch >= self.publish_credit {
+            if self.publishes_in_batch >= self.publish_credit || self.soft_limit_reached {
                 return Batch::CreditSpent;
             }
             match reader.next_buffered() {
@@ -715,6 +726,49 @@ impl Connection {
                     return false;
                 }
             }
+        }
+        if paused {
+            self.registration.flow_ended();
+        }
+        true
+    }
+
+    /// Pauses reading while a channel has `quorum_commands_soft_limit` or
+    /// more messages not yet applied by one quorum queue, as RabbitMQ's
+    /// queue client blocks its channel: each publisher waits on its own
+    /// messages instead of filling the queue member's backlog for all.
+    /// Every applied entry moves the confirm rounds on, so each round is
+    /// a time to look again; a queue deleted meanwhile refuses what it held
+    /// without one, hence the look every [`SLOW_RELOOK`] too. Returns false
+    /// when a close request (shutdown, an operator) started a close during
+    /// the wait.
+    async fn wait_while_slow(&mut self, signal: &mut CloseSignal) -> bool {
+        if self.closing || self.holds_body_room() {
+            return true;
+        }
+        let mut paused = false;
+        while self.channels.values_mut().any(Channel::is_slow) {
+            if !paused {
+                paused = true;
+                self.registration.flow_started();
+            }
+            tokio::select! {
+                changed = self.durable_rounds.changed() => {
+                    if changed.is_err() {
+                        // The node is stopping: no rounds come any more.
+                        tokio::time::sleep(SLOW_RELOOK).await;
+                    }
+                }
+                () = tokio::time::sleep(SLOW_RELOOK) => {}
+                error = signal.requested() => {
+                    self.registration.flow_ended();
+                    self.start_close(&error, 0, 0);
+                    return false;
+                }
+            }
+            // The round may have completed confirms this wait would
+            // otherwise hold back.
+            self.flush_waiting_confirms();
         }
         if paused {
             self.registration.flow_ended();
@@ -1061,6 +1115,7 @@ impl Connection {
         } else {
             channel.handle_content_body(&self.context, frame.payload)
         };
+        self.soft_limit_reached |= channel.take_soft_limit_reached();
         match result {
             Ok(()) => Flow::Continue,
             Err(error) => self.channel_error(channel_id, error, (60, 40)),
@@ -1255,6 +1310,10 @@ impl Connection {
         }
     }
 }
+
+/// How often a connection paused by `quorum_commands_soft_limit` looks at
+/// its channels again when no confirm round came.
+const SLOW_RELOOK: Duration = Duration::from_millis(50);
 
 /// The longest a closing connection waits for its exclusive queues'
 /// deletion before it says close-ok anyway.

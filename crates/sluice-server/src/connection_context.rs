@@ -33,6 +33,9 @@ pub struct ConnectionContext {
     pub frame_max: u32,
     pub channel_max: u16,
     pub max_message_size: u32,
+    /// `quorum_commands_soft_limit`: a channel's messages in flight to one
+    /// quorum queue past which its connection stops reading.
+    pub quorum_commands_soft_limit: u32,
     pub client_capabilities: ClientCapabilities,
     /// The connection's byte counts and its channels' message counters.
     pub stats: Arc<ConnectionStats>,

@@ -12,6 +12,7 @@ pub struct ServerSettings {
     pub heartbeat_secs: u16,
     pub max_message_size: u32,
     pub publish_credit: u32,
+    pub quorum_commands_soft_limit: u32,
     pub handshake_timeout: Duration,
     pub cluster_name: String,
     /// Disable Nagle's algorithm on each accepted connection (`tcp_listen_options.nodelay`).
@@ -31,6 +32,7 @@ impl ServerSettings {
             heartbeat_secs: config.heartbeat_secs,
             max_message_size: config.max_message_size,
             publish_credit: config.credit_flow_default_credit,
+            quorum_commands_soft_limit: config.quorum_commands_soft_limit,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             cluster_name: format!("sluice@{}", hostname()),
             nodelay: config.tcp_listen_options.nodelay,

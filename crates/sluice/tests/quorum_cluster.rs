@@ -486,3 +486,127 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
         node.kill();
     }
 }
+
+/// Messages this node has taken from publishers, from its own Prometheus
+/// endpoint (no peer is asked, so paused peers do not hold it up).
+fn messages_received(prometheus_port: u16) -> u64 {
+    let text = ureq::get(&format!("http://127.0.0.1:{prometheus_port}/metrics"))
+        .call()
+        .expect("the Prometheus endpoint answers")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("rabbitmq_global_messages_received_total{protocol=\"amqp091\"} ")
+        })
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .expect("the received counter is exported") as u64
+}
+
+/// `quorum_commands_soft_limit` (here 32, RabbitMQ's default): with no
+/// majority (two nodes of three paused) nothing commits, and a publisher
+/// without confirms gets 32 messages into the queue before its connection
+/// stops being read; the rest wait in its socket, not in the node's memory.
+/// Once the nodes resume, every message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_cluster_publisher_waits_at_the_commands_soft_limit() {
+    const SOFT_LIMIT: u64 = 32;
+    const SENT: u32 = 2000;
+    let mut nodes = cluster("qq-soft-limit", &["secret", "secret", "secret"]);
+    let prometheus_port = support::free_port();
+    for (index, node) in nodes.iter().enumerate() {
+        let mut config = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&node.config)
+            .unwrap();
+        let port = if index == 0 {
+            prometheus_port
+        } else {
+            support::free_port()
+        };
+        std::io::Write::write_all(
+            &mut config,
+            format!(
+                "quorum_commands_soft_limit = {SOFT_LIMIT}\nprometheus.tcp.port = {port}\nmanagement.tcp.port = {}\n",
+                support::free_port()
+            )
+                .as_bytes(),
+        )
+        .unwrap();
+    }
+    for node in &mut nodes {
+        node.start();
+    }
+    let (first_connection, first) = confirming_channel_on(&nodes[0]).await;
+    declare_durable_with(&first, "bounded", quorum()).await;
+    // One confirmed message: the group has a leader and a majority.
+    assert!(publish_one(&first, "bounded", 0).await);
+    let before = messages_received(prometheus_port);
+    nodes[1].signal(libc::SIGSTOP);
+    nodes[2].signal(libc::SIGSTOP);
+
+    let publisher_port = nodes[0].amqp_port;
+    let publisher = tokio::spawn(async move {
+        let connection = support::connect(publisher_port).await;
+        let channel = connection.create_channel().await.expect("channel opens");
+        for number in 1..=SENT {
+            channel
+                .basic_publish(
+                    "".into(),
+                    "bounded".into(),
+                    BasicPublishOptions::default(),
+                    &number.to_be_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish sent");
+        }
+        connection
+    });
+    // The node takes the soft limit's worth and then reads no more, however
+    // long the majority stays away.
+    wait_until(
+        "the soft limit's worth is taken",
+        Duration::from_secs(10),
+        || messages_received(prometheus_port) - before >= SOFT_LIMIT,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken = messages_received(prometheus_port) - before;
+    assert_eq!(
+        taken, SOFT_LIMIT,
+        "a publisher without confirms is held at the soft limit while nothing commits"
+    );
+
+    nodes[1].signal(libc::SIGCONT);
+    nodes[2].signal(libc::SIGCONT);
+    let publisher_connection = tokio::time::timeout(Duration::from_secs(60), publisher)
+        .await
+        .expect("the publisher finishes once the majority is back")
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counted = support::declare_passive(&first, "bounded")
+            .await
+            .expect("declare-ok")
+            .message_count();
+        if counted == SENT + 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{counted} of {} messages in the queue",
+            SENT + 1
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    publisher_connection
+        .close(200, "done".into())
+        .await
+        .unwrap();
+    first_connection.close(200, "done".into()).await.unwrap();
+    for node in &mut nodes {
+        node.kill();
+    }
+}

@@ -12,12 +12,13 @@ use sluice_wire::content::RawProperties;
 
 use super::routing::RouteScratch;
 use super::{Exchange, VirtualHost};
-use crate::confirm::ConfirmTicket;
+use crate::confirm::{ConfirmTicket, ForwardedConfirm, PendingSafety};
 use crate::error::AmqpResult;
 use crate::exchange::ExchangeKind;
 use crate::message::Message;
 use crate::queue::forwarding::{ForwardHome, QueueKey};
 use crate::queue::{same_queue, PublishOutcome, Queue};
+use crate::queue_type::QueueType;
 use crate::reply_to::token_of;
 use crate::sender_selected::{header_routes, may_have_header_routes, without_bcc};
 
@@ -30,6 +31,19 @@ pub struct PublishScratch {
     /// Queues of a message routed by its headers, which is not cached.
     queues: Vec<Arc<dyn Queue>>,
     last: Option<LastRoute>,
+    /// The name of each quorum queue the last messages went to, with its word on the
+    /// message still to come: the publisher counts its commands in flight
+    /// to each (see [`PublishScratch::take_replicated`]).
+    replicated: Vec<(Arc<str>, Arc<ForwardedConfirm>)>,
+}
+
+impl PublishScratch {
+    /// The quorum queues messages went to since last asked, each with the
+    /// word it will give on its message: RabbitMQ's channel counts these
+    /// commands to hold itself to `quorum_commands_soft_limit`.
+    pub fn take_replicated(&mut self) -> std::vec::Drain<'_, (Arc<str>, Arc<ForwardedConfirm>)> {
+        self.replicated.drain(..)
+    }
 }
 
 /// The exchange a publisher last published to, and the queues its last
@@ -150,7 +164,7 @@ impl VirtualHost {
                 self.reply_to.deliver(token, &message);
             }
         }
-        let (ticket, routed) = enqueue(&message, queues, congested);
+        let (ticket, routed) = enqueue(&message, queues, congested, &mut scratch.replicated);
         let counters = self.counters.local();
         counters.count_publish(message.body_size());
         match (routed, mandatory) {
@@ -210,33 +224,65 @@ fn enqueue(
     message: &Arc<Message>,
     queues: &[Arc<dyn Queue>],
     congested: &mut Vec<Arc<dyn Queue>>,
+    replicated: &mut Vec<(Arc<str>, Arc<ForwardedConfirm>)>,
 ) -> (ConfirmTicket, bool) {
     let mut ticket = ConfirmTicket::default();
     let mut taken = false;
-    let mut forwards: Vec<(Arc<dyn ForwardHome>, Vec<QueueKey>)> = Vec::new();
+    let mut forwards: Vec<Forward> = Vec::new();
     for queue in queues {
         match queue.forwarded() {
             Some((home, key)) => {
-                match forwards
-                    .iter_mut()
-                    .find(|(known, _)| std::ptr::addr_eq(Arc::as_ptr(known), Arc::as_ptr(&home)))
-                {
-                    Some((_, keys)) => keys.push(key),
-                    None => forwards.push((home, vec![key])),
+                let forward = match forwards.iter_mut().position(|known| {
+                    std::ptr::addr_eq(Arc::as_ptr(&known.home), Arc::as_ptr(&home))
+                }) {
+                    Some(index) => &mut forwards[index],
+                    None => {
+                        forwards.push(Forward {
+                            home,
+                            targets: Vec::new(),
+                            quorum_targets: Vec::new(),
+                        });
+                        forwards.last_mut().expect("pushed above")
+                    }
+                };
+                forward.targets.push(key);
+                if queue.queue_type() == QueueType::Quorum {
+                    forward.quorum_targets.push(Arc::clone(queue.name()));
                 }
             }
             None => {
-                taken |= record(queue.publish(Arc::clone(message)), &mut ticket);
+                let outcome = queue.publish(Arc::clone(message));
+                if let PublishOutcome::Pending(PendingSafety::Forwarded(confirm)) = &outcome {
+                    if queue.queue_type() == QueueType::Quorum {
+                        replicated.push((Arc::clone(queue.name()), Arc::clone(confirm)));
+                    }
+                }
+                taken |= record(outcome, &mut ticket);
             }
         }
         if queue.is_congested() && !congested.iter().any(|known| same_queue(known, queue)) {
             congested.push(Arc::clone(queue));
         }
     }
-    for (home, targets) in forwards {
-        taken |= record(home.publish(message, targets), &mut ticket);
+    for forward in forwards {
+        let outcome = forward.home.publish(message, forward.targets);
+        if let PublishOutcome::Pending(PendingSafety::Forwarded(confirm)) = &outcome {
+            // One word from the home node covers all its targets.
+            for queue in forward.quorum_targets {
+                replicated.push((queue, Arc::clone(confirm)));
+            }
+        }
+        taken |= record(outcome, &mut ticket);
     }
     (ticket, taken)
+}
+
+/// The queues of one home node a message goes to in one forward.
+struct Forward {
+    home: Arc<dyn ForwardHome>,
+    targets: Vec<QueueKey>,
+    /// The names of those that are quorum queues.
+    quorum_targets: Vec<Arc<str>>,
 }
 
 /// Adds a queue's word on a message to its ticket; whether the queue took it.

@@ -16,11 +16,14 @@ mod exchange_methods;
 mod metadata_change;
 mod publish;
 mod queue_methods;
+mod quorum_commands;
 mod transaction;
 
 use acks::requeue_by_queue;
 pub use acks::requeue_in_slices;
 pub use metadata_change::PendingChange;
+use quorum_commands::QuorumCommands;
+pub use quorum_commands::QUORUM_COMMANDS_SOFT_LIMIT_DEFAULT;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -150,6 +153,11 @@ pub struct Channel {
     /// Queues this channel published into that are congested: the
     /// connection stops reading until they drain.
     congested_queues: Vec<Arc<dyn Queue>>,
+    /// This channel's messages not applied yet by each quorum queue it
+    /// published into (`quorum_commands_soft_limit`).
+    quorum_commands: QuorumCommands,
+    /// A publish reached the soft limit since the connection last asked.
+    soft_limit_reached: bool,
     /// Buffers an ack reuses, so that settling does not allocate.
     settled_scratch: Vec<Unacked>,
     dispatched_scratch: Vec<Arc<dyn Queue>>,
@@ -188,6 +196,8 @@ impl Channel {
             publish_scratch: PublishScratch::default(),
             publish_permit: PublishPermit::default(),
             congested_queues: Vec::new(),
+            quorum_commands: QuorumCommands::new(context.quorum_commands_soft_limit),
+            soft_limit_reached: false,
             settled_scratch: Vec::new(),
             dispatched_scratch: Vec::new(),
             message_ids_scratch: Vec::new(),

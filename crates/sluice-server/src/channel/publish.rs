@@ -231,6 +231,9 @@ impl Channel {
             &mut self.publish_scratch,
             &mut self.congested_queues,
         )?;
+        for (queue, confirm) in self.publish_scratch.take_replicated() {
+            self.soft_limit_reached |= self.quorum_commands.record(&queue, confirm);
+        }
         let counters = self.deliveries.counters();
         counters.count_publish(published.message.body_size());
         if self.confirms.is_some() {
@@ -277,6 +280,19 @@ impl Channel {
             }
         }
         Ok(())
+    }
+
+    /// Whether a quorum queue has `quorum_commands_soft_limit` or more of
+    /// this channel's messages not applied yet: its connection stops
+    /// reading until they are fewer.
+    pub fn is_slow(&mut self) -> bool {
+        self.quorum_commands.is_slow()
+    }
+
+    /// Whether a publish since last asked left a quorum queue with
+    /// `quorum_commands_soft_limit` of this channel's messages in flight.
+    pub fn take_soft_limit_reached(&mut self) -> bool {
+        std::mem::take(&mut self.soft_limit_reached)
     }
 
     /// The congested queues this channel published into since last asked.

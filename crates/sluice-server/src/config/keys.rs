@@ -130,6 +130,12 @@ fn connection_key(config: &mut Config, key: &str, value: &str) -> Applied {
                     "expected an initial credit from 1 to {CREDIT_FLOW_CREDIT_MAX}, as `400` or `{{400, 200}}`"
                 )
             }),
+        "quorum_commands_soft_limit" => value
+            .parse::<u32>()
+            .ok()
+            .filter(|limit| *limit >= 1)
+            .map(|limit| config.quorum_commands_soft_limit = limit)
+            .ok_or_else(|| "expected a number of messages from 1".to_owned()),
         "handshake_timeout" => value
             .parse()
             .ok()

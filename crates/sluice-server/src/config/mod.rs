@@ -85,6 +85,11 @@ pub struct Config {
     /// connections run (`credit_flow_default_credit`, RabbitMQ's initial
     /// credit: `400` or `{400, 200}`). Default 400, as in RabbitMQ.
     pub credit_flow_default_credit: u32,
+    /// A channel's messages not yet applied by one quorum queue past which
+    /// its connection stops reading until they are fewer
+    /// (`quorum_commands_soft_limit`, RabbitMQ's key). Default 128 (RabbitMQ:
+    /// 32; see [`crate::channel::QUORUM_COMMANDS_SOFT_LIMIT_DEFAULT`]).
+    pub quorum_commands_soft_limit: u32,
     /// Bytes of deliveries all connections together may hold encoded and not
     /// yet written to their sockets (`delivery_buffer_total_max`). Past it,
     /// each connection takes deliveries only up to a 64 KiB floor, so slow
@@ -205,6 +210,7 @@ impl Default for Config {
             channel_max: 2047,
             max_message_size: MAX_MESSAGE_SIZE_DEFAULT,
             credit_flow_default_credit: CREDIT_FLOW_DEFAULT_CREDIT,
+            quorum_commands_soft_limit: crate::channel::QUORUM_COMMANDS_SOFT_LIMIT_DEFAULT,
             delivery_buffer_total_max: DELIVERY_BUFFER_TOTAL_MAX_DEFAULT,
             handshake_timeout_ms: 10_000,
             consumer_timeout_ms: Some(CONSUMER_TIMEOUT_DEFAULT_MS),

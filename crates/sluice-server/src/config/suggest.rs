@@ -26,6 +26,7 @@ pub(super) const KNOWN_KEYS: &[&str] = &[
     "channel_max",
     "max_message_size",
     "credit_flow_default_credit",
+    "quorum_commands_soft_limit",
     "delivery_buffer_total_max",
     "handshake_timeout",
     "connection_max",

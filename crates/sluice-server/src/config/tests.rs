@@ -238,6 +238,20 @@ fn credit_flow_default_credit_takes_a_number_or_rabbitmqs_pair() {
 }
 
 #[test]
+fn quorum_commands_soft_limit_takes_a_positive_count() {
+    assert_eq!(Config::default().quorum_commands_soft_limit, 128);
+    let config = parse("quorum_commands_soft_limit = 256").unwrap();
+    assert_eq!(config.quorum_commands_soft_limit, 256);
+    for value in ["0", "-1", "many"] {
+        let message = error(&format!("quorum_commands_soft_limit = {value}"));
+        assert!(
+            message.contains("expected a number of messages from 1"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
 fn delivery_buffer_total_max_takes_a_size() {
     assert_eq!(Config::default().delivery_buffer_total_max, 64 << 20);
     let config = parse("delivery_buffer_total_max = 16MiB").unwrap();
