@@ -23,7 +23,7 @@ use sluice_core::confirm::{ConfirmStatus, ForwardedConfirm};
 /// from 13.0k to 7.6k msg/s; a publisher without confirms carried 8.6k msg/s
 /// at 32, 14.0k at 64, 19.5k at 128 with its consumer keeping up, and at 256
 /// ran ahead of its consumer (latency past 3 s) as it did with no limit
-/// (29.7k sent, 2.2k consumed, 363 MiB on the publisher's node).
+/// (29.7k sent, 2.2k consumed, 355 MiB on the publisher's node).
 pub const QUORUM_COMMANDS_SOFT_LIMIT_DEFAULT: u32 = 128;
 
 pub struct QuorumCommands {
