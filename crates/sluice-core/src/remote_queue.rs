@@ -5,8 +5,12 @@
 //! homed elsewhere are carried to its home node (see
 //! [`crate::queue::forwarding`]) while the link there is up; otherwise, and for a
 //! queue whose storage failed, they are refused with the reason.
+//!
+//! A quorum queue this node holds no member of can be served by any of its
+//! members: while the link to the home member is down, operations go to
+//! another member whose link is up, and stay with it while it is.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Notify;
@@ -38,12 +42,18 @@ pub struct RemoteQueue {
     queue_type: QueueType,
     options: QueueOptions,
     home: Arc<str>,
+    /// The nodes that can serve it, the home first: the home alone for a
+    /// classic queue, every member for a quorum queue.
+    servers: Vec<Arc<str>>,
     store_id: Option<String>,
     unreachable: Unreachable,
     key: QueueKey,
-    /// The way to the home node, once the node has one (it is installed
-    /// after the metadata is first applied).
-    home_link: OnceLock<Arc<dyn ForwardHome>>,
+    /// The way to each of `servers`, once the node has one (it is
+    /// installed after the metadata is first applied).
+    links: Vec<OnceLock<Arc<dyn ForwardHome>>>,
+    /// The server operations go to now: the home, or while its link is
+    /// down, another whose link is up.
+    serving: AtomicUsize,
     deleted: AtomicBool,
     /// Never notified: while no link carries its messages, the queue is
     /// never congested.
@@ -67,7 +77,9 @@ impl RemoteQueue {
         };
         RemoteQueue {
             key,
-            home_link: OnceLock::new(),
+            servers: vec![Arc::clone(&home)],
+            links: vec![OnceLock::new()],
+            serving: AtomicUsize::new(0),
             name,
             vhost,
             queue_type,
@@ -80,25 +92,57 @@ impl RemoteQueue {
         }
     }
 
+    /// A quorum queue's other members serve it too while its home's link
+    /// is down: `members` in the group's order (the home among them).
+    #[must_use]
+    pub fn served_by_members(mut self, members: &[String]) -> Self {
+        for member in members {
+            if *member != *self.home {
+                self.servers.push(Arc::from(member.as_str()));
+                self.links.push(OnceLock::new());
+            }
+        }
+        self
+    }
+
     pub fn key(&self) -> &QueueKey {
         &self.key
     }
 
-    /// The way to the home node, whether or not the link is up.
-    fn home_link(&self) -> Option<&Arc<dyn ForwardHome>> {
-        if let Some(link) = self.home_link.get() {
+    /// The way to server `index`, whether or not the link is up.
+    fn link(&self, index: usize) -> Option<&Arc<dyn ForwardHome>> {
+        if let Some(link) = self.links[index].get() {
             return Some(link);
         }
         let Unreachable::OtherNode(cluster) = &self.unreachable else {
             return None;
         };
-        let link = cluster.forward_home(&self.home)?;
-        Some(self.home_link.get_or_init(|| link))
+        let link = cluster.forward_home(&self.servers[index])?;
+        Some(self.links[index].get_or_init(|| link))
     }
 
-    /// The way to the home node while the link is up.
+    /// The way to the server operations go to now, whether or not the link
+    /// is up: consumers were added and messages delivered through it, so
+    /// their cancels and settlements go there.
+    fn home_link(&self) -> Option<&Arc<dyn ForwardHome>> {
+        self.link(self.serving.load(Ordering::Acquire))
+    }
+
+    /// The way to a server while the link is up: the one serving now, or
+    /// when its link is down, the first other whose link is up, which then
+    /// serves from now on. What the old one delivered is its node's to give
+    /// back (its consumers here were cancelled when the link went down).
     fn forward(&self) -> Option<&Arc<dyn ForwardHome>> {
-        self.home_link().filter(|link| link.is_up())
+        let serving = self.serving.load(Ordering::Acquire);
+        if let Some(link) = self.link(serving).filter(|link| link.is_up()) {
+            return Some(link);
+        }
+        let index = (0..self.servers.len())
+            .filter(|index| *index != serving)
+            .find(|index| self.link(*index).is_some_and(|link| link.is_up()))?;
+        self.serving.store(index, Ordering::Release);
+        tracing::info!(queue = %self.name, vhost = %self.vhost, node = %self.servers[index], "quorum queue reached through another member");
+        self.link(index)
     }
 
     /// The error an operation on this queue's messages gets.

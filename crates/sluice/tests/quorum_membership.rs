@@ -62,11 +62,12 @@ async fn call_async(
         .unwrap()
 }
 
-/// The queue's members as node `port` lists them, once `check` holds.
-async fn members_once(port: u16, check: impl Fn(&[String]) -> bool) -> Vec<String> {
+/// The members of `queue` as node `port` lists them, once `check` holds.
+async fn members_once(port: u16, queue: &str, check: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, body) = call_async(port, "GET", "/api/queues/%2F/grown".into(), None).await;
+        let (status, body) =
+            call_async(port, "GET", format!("/api/queues/%2F/{queue}"), None).await;
         let members: Vec<String> = body["members"]
             .as_array()
             .map(|members| {
@@ -129,6 +130,10 @@ fn with_management(nodes: &[Node]) -> Vec<u16> {
 }
 
 async fn publish_confirmed(node: &Node, numbers: std::ops::Range<u32>) {
+    publish_confirmed_to(node, "grown", numbers).await;
+}
+
+async fn publish_confirmed_to(node: &Node, queue: &str, numbers: std::ops::Range<u32>) {
     let (_connection, channel) = channel_on(node).await;
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -139,7 +144,7 @@ async fn publish_confirmed(node: &Node, numbers: std::ops::Range<u32>) {
         let confirm = channel
             .basic_publish(
                 "".into(),
-                "grown".into(),
+                queue.into(),
                 BasicPublishOptions::default(),
                 &number.to_be_bytes(),
                 BasicProperties::default().with_delivery_mode(2),
@@ -174,7 +179,10 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
     declare_durable_with(&channel, "grown", arguments).await;
     publish_confirmed(&nodes[0], 0..MESSAGES).await;
-    assert_eq!(members_once(api[0], |_| true).await, [names[0].clone()]);
+    assert_eq!(
+        members_once(api[0], "grown", |_| true).await,
+        [names[0].clone()]
+    );
 
     // Asked of node 3, which holds no member: node 2 joins.
     let add = json!({"node": names[1]});
@@ -214,8 +222,8 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
         String::from_utf8_lossy(&grown.stderr)
     );
     let all = [names[0].as_str(), names[1].as_str(), names[2].as_str()];
-    members_once(api[0], |members| same_members(members, &all)).await;
-    members_once(api[2], |members| same_members(members, &all)).await;
+    members_once(api[0], "grown", |members| same_members(members, &all)).await;
+    members_once(api[2], "grown", |members| same_members(members, &all)).await;
 
     // Refusals, with their reasons.
     let unknown = json!({"node": "nobody@127.0.0.1:1"});
@@ -283,7 +291,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     let (status, body) = call_async(api[1], "DELETE", path, None).await;
     assert_eq!(status, 204, "{body}");
     let two = [names[0].as_str(), names[1].as_str()];
-    members_once(api[2], |members| same_members(members, &two)).await;
+    members_once(api[2], "grown", |members| same_members(members, &two)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !queue_dirs(&nodes[2].data_dir).is_empty() {
         assert!(Instant::now() < deadline, "node 3 kept the queue's log");
@@ -310,7 +318,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     // The last member stays.
     nodes[1].kill();
     nodes[1].start();
-    members_once(api[1], |members| same_members(members, &two)).await;
+    members_once(api[1], "grown", |members| same_members(members, &two)).await;
     let (status, body) = call_async(
         api[1],
         "DELETE",
@@ -320,7 +328,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     .await;
     assert_eq!(status, 204, "{body}");
     let only = [names[1].as_str()];
-    members_once(api[0], |members| same_members(members, &only)).await;
+    members_once(api[0], "grown", |members| same_members(members, &only)).await;
     let (status, body) = call_async(
         api[0],
         "DELETE",
@@ -333,4 +341,95 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
         body["reason"].as_str().unwrap().starts_with("last_node"),
         "{body}"
     );
+}
+
+/// A node that holds no member of a quorum queue reaches it through its
+/// home member, and once that member's node is killed, through another
+/// member: on a 4-node cluster with a queue of three members, a publisher
+/// with confirms and then a consumer on the fourth node carry on across
+/// the kill, and every confirmed message is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_home_dies() {
+    let mut nodes = cluster("outside-members", &["secret", "secret", "secret", "secret"]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
+    declare_durable_with(&channel, "spread", arguments).await;
+    let members = members_once(api[0], "spread", |members| members.len() == 3).await;
+    let outside = nodes
+        .iter()
+        .position(|node| !members.contains(&node.name))
+        .expect("a node that is not a member");
+    let home = nodes
+        .iter()
+        .position(|node| node.name == members[0])
+        .expect("the home is a node of the cluster");
+
+    publish_confirmed_to(&nodes[outside], "spread", 0..20).await;
+    nodes[home].kill();
+    // Until the link to the dead home is known to be down, a publish sent
+    // there is nacked; each message is published again until confirmed.
+    let (_publishing, publisher) = channel_on(&nodes[outside]).await;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for number in 20u32..40 {
+        loop {
+            let confirmed = publisher
+                .basic_publish(
+                    "".into(),
+                    "spread".into(),
+                    BasicPublishOptions::default(),
+                    &number.to_be_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish sent")
+                .await
+                .is_ok_and(|confirm| confirm.is_ack());
+            if confirmed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no member took message {number} after the home died"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    let (_consuming, reader) = channel_on(&nodes[outside]).await;
+    let mut consumer = reader
+        .basic_consume(
+            "spread".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume-ok through another member");
+    let mut received = std::collections::BTreeSet::new();
+    while received.len() < 40 {
+        let delivery = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of 40 delivered: {received:?}", received.len()))
+            .expect("the consumer runs")
+            .expect("a delivery");
+        received.insert(u32::from_be_bytes(delivery.data[..4].try_into().unwrap()));
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert_eq!(received, (0u32..40).collect());
+    for node in &mut nodes {
+        node.kill();
+    }
 }

@@ -260,14 +260,17 @@ impl VirtualHost {
                 }
             }
         };
-        Arc::new(RemoteQueue::new(
-            name,
-            Arc::clone(&self.name),
-            options,
-            home,
-            definition.store_id.clone(),
-            Unreachable::OtherNode(Arc::clone(&self.metadata)),
-        ))
+        Arc::new(
+            RemoteQueue::new(
+                name,
+                Arc::clone(&self.name),
+                options,
+                home,
+                definition.store_id.clone(),
+                Unreachable::OtherNode(Arc::clone(&self.metadata)),
+            )
+            .served_by_members(&definition.members),
+        )
     }
 
     /// Deletes the queue `name` (only the one declared at `declared_at`,
