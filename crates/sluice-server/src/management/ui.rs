@@ -4,7 +4,9 @@
 //! `/api` endpoints as any other client, with the user's basic
 //! credentials; nothing here authenticates or reads the broker.
 //!
-//! The files live in `ui/` beside this module. Their paths are fixed, so
+//! The files live in `ui/` beside this module: `index.html`, `app.css`,
+//! `app.js` (the session, routing and monitoring pages) and `admin.js`
+//! (users, vhosts, policies, definitions). Their paths are fixed, so
 //! browsers revalidate them (`no-cache`) with an `ETag` that is a hash of
 //! the file, computed at compile time: a new binary with a changed file is
 //! fetched again, an unchanged one answers 304.
@@ -79,6 +81,7 @@ macro_rules! asset {
 
 asset!(INDEX_HTML, "index.html", "text/html; charset=utf-8");
 asset!(APP_JS, "app.js", "text/javascript; charset=utf-8");
+asset!(ADMIN_JS, "admin.js", "text/javascript; charset=utf-8");
 asset!(APP_CSS, "app.css", "text/css; charset=utf-8");
 
 /// The page may load its own script, style and the API, and nothing else:
@@ -92,6 +95,10 @@ pub fn routes() -> Router<Arc<ManagementState>> {
         .route(
             "/ui/app.js",
             get(|headers: HeaderMap| serve(&APP_JS, headers)),
+        )
+        .route(
+            "/ui/admin.js",
+            get(|headers: HeaderMap| serve(&ADMIN_JS, headers)),
         )
         .route(
             "/ui/app.css",
@@ -132,12 +139,13 @@ mod tests {
 
     #[test]
     fn etags_are_quoted_hex_and_differ_between_files() {
-        for asset in [&INDEX_HTML, &APP_JS, &APP_CSS] {
+        for asset in [&INDEX_HTML, &APP_JS, &ADMIN_JS, &APP_CSS] {
             assert_eq!(asset.etag.len(), ETAG_LENGTH);
             assert!(asset.etag.starts_with('"') && asset.etag.ends_with('"'));
             assert!(asset.etag[1..17].bytes().all(|b| b.is_ascii_hexdigit()));
         }
         assert_ne!(INDEX_HTML.etag, APP_JS.etag);
+        assert_ne!(APP_JS.etag, ADMIN_JS.etag);
         assert_ne!(APP_JS.etag, APP_CSS.etag);
     }
 

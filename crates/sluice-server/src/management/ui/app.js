@@ -1,15 +1,18 @@
 // Sluice management UI: hash-routed pages over the management HTTP API.
 // Plain JavaScript, no framework and no build step. Server data reaches the
-// page only as text nodes and attributes, never as HTML.
+// page only as text nodes and attributes, never as HTML. The admin pages
+// (users, vhosts, policies, definitions) are in admin.js, loaded after this.
 'use strict';
 
 // RabbitMQ's collect_statistics_interval: the API's rates move no faster.
 const REFRESH_MS = 5000;
 // Ten minutes of rates at one sample per refresh.
 const CHART_SAMPLES_MAX = 120;
-// sessionStorage keys: the Authorization header's value and the user's name.
+// sessionStorage keys: the Authorization header's value, the user's name
+// and tags (a JSON list).
 const AUTH_KEY = 'sluice.auth';
 const USER_KEY = 'sluice.user';
+const TAGS_KEY = 'sluice.tags';
 // RabbitMQ's text for a connection closed through the API without a reason.
 const CLOSE_REASON_DEFAULT = 'Closed via management plugin';
 
@@ -50,13 +53,14 @@ function basicAuth(user, password) {
 
 // One call; answers {status, body}. Credentials are sent explicitly and
 // the browser's own are left out ('omit'), so a 401 never opens its dialog.
+// options.body is sent as JSON, options.text (JSON already) as it is.
 async function request(method, path, options = {}) {
   const headers = { Authorization: options.auth || sessionStorage.getItem(AUTH_KEY) || '' };
   Object.assign(headers, options.headers);
   const init = { method, headers, credentials: 'omit', cache: 'no-store' };
-  if (options.body !== undefined) {
+  if (options.body !== undefined || options.text !== undefined) {
     headers['Content-Type'] = 'application/json';
-    init.body = JSON.stringify(options.body);
+    init.body = options.text !== undefined ? options.text : JSON.stringify(options.body);
   }
   const response = await fetch('/api' + path, init);
   const text = await response.text();
@@ -145,6 +149,19 @@ function details(pairs) {
 
 function setStatus(text, isError) {
   $('status').replaceChildren(isError ? el('span', { class: 'error' }, text) : text);
+}
+
+// The outcome of an action, shown beside its form or button.
+function report(node, text, isError) {
+  node.replaceChildren(el('span', { class: isError ? 'error' : 'ok' }, text));
+}
+
+// Whether the user holds one of `tags` (space-separated). The pages and
+// actions the API would refuse them are not shown, as in RabbitMQ's UI.
+function holdsTag(tags) {
+  let held = [];
+  try { held = JSON.parse(sessionStorage.getItem(TAGS_KEY)) || []; } catch (_) { held = []; }
+  return tags.split(' ').some((tag) => held.includes(tag));
 }
 
 // ---- the overview's rates chart ----
@@ -380,7 +397,6 @@ function queuePage(main, vhost, name) {
     el('option', { value: 'ack_requeue_false' }, 'Automatic ack'),
     el('option', { value: 'reject_requeue_true' }, 'Reject requeue true'),
     el('option', { value: 'reject_requeue_false' }, 'Reject requeue false'));
-  const report = (node, text, isError) => node.replaceChildren(el('span', { class: isError ? 'error' : 'ok' }, text));
 
   async function publish(event) {
     event.preventDefault();
@@ -471,8 +487,11 @@ function notFoundPage(main) {
 
 // ---- routing, refresh and the session ----
 
+// #/{name}: a list page. admin.js adds its own to both tables.
 const PAGES = { '': overviewPage, connections: connectionsPage, channels: channelsPage,
   exchanges: exchangesPage, queues: queuesPage };
+// #/{name}/{part}/...: one object's page, with how many parts name it.
+const OBJECT_PAGES = { queues: { parts: 2, page: queuePage } };
 
 // Bumped on every navigation, so that a refresh of a page left behind stops.
 let generation = 0;
@@ -480,15 +499,21 @@ let generation = 0;
 function route() {
   if (!sessionStorage.getItem(AUTH_KEY)) return;
   const mine = (generation += 1);
-  const parts = location.hash.replace(/^#\/?/, '').split('/');
+  const parts = location.hash.replace(/^#\/?/, '').replace(/\/$/, '').split('/');
+  const names = parts.slice(1);
+  // Own keys only: #/constructor names no page.
+  const page = Object.hasOwn(PAGES, parts[0]) ? PAGES[parts[0]] : notFoundPage;
+  const object = Object.hasOwn(OBJECT_PAGES, parts[0]) ? OBJECT_PAGES[parts[0]] : null;
   const main = $('main');
   main.replaceChildren();
   let refresh;
   try {
-    if (parts[0] === 'queues' && parts.length === 3) {
-      refresh = queuePage(main, decodeURIComponent(parts[1]), decodeURIComponent(parts[2]));
+    if (names.length === 0) {
+      refresh = page(main);
+    } else if (object && object.parts === names.length) {
+      refresh = object.page(main, ...names.map(decodeURIComponent));
     } else {
-      refresh = (PAGES[parts[0]] || notFoundPage)(main);
+      refresh = notFoundPage(main);
     }
   } catch (_) {
     refresh = notFoundPage(main);
@@ -515,6 +540,7 @@ function showApp() {
   $('session').hidden = false;
   $('main').hidden = false;
   $('who').textContent = sessionStorage.getItem(USER_KEY) || '';
+  for (const link of document.querySelectorAll('#nav a[data-tags]')) link.hidden = !holdsTag(link.dataset.tags);
   route();
 }
 
@@ -522,6 +548,7 @@ function logout(reason) {
   generation += 1;
   sessionStorage.removeItem(AUTH_KEY);
   sessionStorage.removeItem(USER_KEY);
+  sessionStorage.removeItem(TAGS_KEY);
   $('main').replaceChildren();
   $('main').hidden = true;
   $('nav').hidden = true;
@@ -539,6 +566,7 @@ async function login(event) {
     const me = await api('GET', '/whoami', { auth });
     sessionStorage.setItem(AUTH_KEY, auth);
     sessionStorage.setItem(USER_KEY, me.name);
+    sessionStorage.setItem(TAGS_KEY, JSON.stringify(me.tags || []));
     $('password').value = '';
     showApp();
   } catch (error) {
