@@ -107,6 +107,11 @@ impl GroupSettings {
             max_in_snapshot_log_to_keep: self.kept_behind_snapshot,
             // Followers get entries while the leader's own fsync runs.
             broadcast_submitted_on_append: Some(true),
+            // openraft keeps the times of each entry's six stages for its
+            // runtime statistics, in rings of this many per group (1,024 by
+            // default, about 150 KiB once filled). Sluice reads none of
+            // them, and a node holds a group per quorum queue.
+            log_stage_capacity: Some(LOG_STAGE_CAPACITY),
             ..Config::default()
         }
         .validate()
@@ -116,6 +121,9 @@ impl GroupSettings {
         })
     }
 }
+
+/// See `log_stage_capacity` in [`GroupSettings::openraft_config`].
+const LOG_STAGE_CAPACITY: u64 = 8;
 
 /// The ids every group had before members could change, and every group
 /// still gets when it is created: each member's place in the sorted member
