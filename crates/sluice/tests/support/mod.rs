@@ -29,19 +29,32 @@ pub async fn connect(port: u16) -> Connection {
     connect_uri(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f")).await
 }
 
-/// As [`connect`], to `uri`.
+/// As [`connect`], to `uri`. Each attempt is bounded too: a node that
+/// closes a connection in its handshake (it is still forming its cluster)
+/// can leave lapin's connect waiting for a reply that never comes.
 pub async fn connect_uri(uri: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match Connection::connect(uri, ConnectionProperties::default()).await {
-            Ok(connection) => return connection,
-            Err(_) if Instant::now() < deadline => {
+        let attempt = tokio::time::timeout(
+            CONNECT_ATTEMPT_MAX,
+            Connection::connect(uri, ConnectionProperties::default()),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(connection)) => return connection,
+            _ if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(error) => panic!("cannot connect to {uri}: {error}"),
+            Ok(Err(error)) => panic!("cannot connect to {uri}: {error}"),
+            Err(_) => {
+                panic!("cannot connect to {uri}: no handshake within {CONNECT_ATTEMPT_MAX:?}")
+            }
         }
     }
 }
+
+/// How long one connection attempt may take before it is made again.
+const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(10);
 
 /// A passive queue.declare: the queue's counts, or the broker's refusal
 /// (which closes the channel).
