@@ -28,6 +28,9 @@ pub struct Counter(AtomicU64);
 impl Counter {
     #[inline]
     pub fn add(&self, amount: u64) {
+        if cfg!(feature = "uncounted") {
+            return;
+        }
         self.0.fetch_add(amount, Ordering::Relaxed);
     }
 
@@ -216,6 +219,9 @@ impl ShardedCounters {
     /// The calling thread's shard, to count into.
     #[inline]
     pub fn local(&self) -> &MessageCounters {
+        if cfg!(feature = "uncounted") {
+            return &self.shards[0].0;
+        }
         &self.shards[thread_shard()].0
     }
 
