@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::BasicProperties;
 use support::cluster::{channel_on, cluster, Node};
 use support::{declare_durable, declare_durable_with};
 
@@ -89,16 +88,7 @@ async fn publish_until(
         if stopping {
             return;
         }
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                "ledger".into(),
-                BasicPublishOptions::default(),
-                &number.to_be_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish sent");
+        let confirm = support::publish_numbered(&channel, "ledger", number).await;
         waiting.push_back((number, confirm));
         number += 1;
     }
@@ -133,16 +123,8 @@ async fn consume_into(node: &Node, received: Arc<Mutex<BTreeSet<u32>>>) -> lapin
 /// Publishes one persistent message numbered `number` to `queue` and waits
 /// for its confirm: true for an ack.
 async fn publish_one(channel: &lapin::Channel, queue: &str, number: u32) -> bool {
-    channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            &number.to_be_bytes(),
-            BasicProperties::default().with_delivery_mode(2),
-        )
+    support::publish_numbered(channel, queue, number)
         .await
-        .expect("publish sent")
         .await
         .expect("a confirm arrives")
         .is_ack()
@@ -551,16 +533,8 @@ async fn quorum_cluster_publisher_waits_at_the_commands_soft_limit() {
         let connection = support::connect(publisher_port).await;
         let channel = connection.create_channel().await.expect("channel opens");
         for number in 1..=SENT {
-            channel
-                .basic_publish(
-                    "".into(),
-                    "bounded".into(),
-                    BasicPublishOptions::default(),
-                    &number.to_be_bytes(),
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .expect("publish sent");
+            // No confirms: the publish is on its way once sent.
+            drop(support::publish_numbered(&channel, "bounded", number).await);
         }
         connection
     });

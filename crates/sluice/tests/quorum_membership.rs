@@ -13,12 +13,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use futures_lite::StreamExt as _;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    ConfirmSelectOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::BasicProperties;
 use serde_json::{json, Value};
 use support::cluster::{channel_on, cluster, Node};
 use support::{declare_durable_with, free_port};
@@ -141,17 +137,7 @@ async fn publish_confirmed_to(node: &Node, queue: &str, numbers: std::ops::Range
         .unwrap();
     let mut confirms = Vec::new();
     for number in numbers {
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions::default(),
-                &number.to_be_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish sent");
-        confirms.push(confirm);
+        confirms.push(support::publish_numbered(&channel, queue, number).await);
     }
     for confirm in confirms {
         assert!(confirm.await.expect("a confirm arrives").is_ack());
@@ -385,16 +371,8 @@ async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_h
     let deadline = Instant::now() + Duration::from_secs(30);
     for number in 20u32..40 {
         loop {
-            let confirmed = publisher
-                .basic_publish(
-                    "".into(),
-                    "spread".into(),
-                    BasicPublishOptions::default(),
-                    &number.to_be_bytes(),
-                    BasicProperties::default().with_delivery_mode(2),
-                )
+            let confirmed = support::publish_numbered(&publisher, "spread", number)
                 .await
-                .expect("publish sent")
                 .await
                 .is_ok_and(|confirm| confirm.is_ack());
             if confirmed {

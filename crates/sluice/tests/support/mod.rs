@@ -139,3 +139,23 @@ pub async fn durable_queue_with_confirms(connection: &Connection, name: &str) ->
     declare_durable(&channel, name).await;
     channel
 }
+
+/// Publishes a persistent message whose body is `number` (4 bytes, big
+/// endian) to `queue` through the default exchange; what its confirm will
+/// say, on a channel in confirm mode.
+pub async fn publish_numbered(
+    channel: &Channel,
+    queue: &str,
+    number: u32,
+) -> lapin::PublisherConfirm {
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            lapin::options::BasicPublishOptions::default(),
+            &number.to_be_bytes(),
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish sent")
+}
