@@ -800,3 +800,83 @@ async fn management_api_policies_and_parameters_change_live_queues() {
     );
     server.stop().await;
 }
+
+/// `(vhost, name)` of each item of a list, in its order.
+fn vhosts_and_names(listed: &Value) -> Vec<(String, String)> {
+    listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|item| {
+            let text = |key: &str| item[key].as_str().unwrap_or_default().to_owned();
+            (text("vhost"), text("name"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn management_api_lists_sort_by_vhost_then_name_as_rabbitmq_does() {
+    let server = start().await;
+    let put = |path: String, body: Value| {
+        let server = &server;
+        async move {
+            let response = request(server, "PUT", &path, GUEST, Some(body), None).await;
+            assert!(
+                matches!(response.status, 201 | 204),
+                "PUT {path}: {}",
+                response.body
+            );
+        }
+    };
+    // Names that interleave across vhosts: sorted by name alone, vhost b's
+    // "aa" would come first and vhost a's "zz" last.
+    for vhost in ["a", "b"] {
+        put(format!("/api/vhosts/{vhost}"), json!({})).await;
+    }
+    for (vhost, name) in [("b", "aa"), ("a", "zz"), ("%2F", "mm"), ("a", "bb")] {
+        put(format!("/api/queues/{vhost}/{name}"), json!({})).await;
+        put(format!("/api/exchanges/{vhost}/x-{name}"), json!({})).await;
+    }
+    let by_vhost_then_name = [("/", "mm"), ("a", "bb"), ("a", "zz"), ("b", "aa")]
+        .map(|(vhost, name)| (vhost.to_owned(), name.to_owned()));
+    assert_eq!(
+        vhosts_and_names(&get(&server, "/api/queues").await),
+        by_vhost_then_name
+    );
+    let exchanges = get(&server, "/api/exchanges?columns=vhost,name").await;
+    let ours: Vec<(String, String)> = vhosts_and_names(&exchanges)
+        .into_iter()
+        .filter_map(|(vhost, name)| Some((vhost, name.strip_prefix("x-")?.to_owned())))
+        .collect();
+    assert_eq!(ours, by_vhost_then_name);
+    // A sort field asked for comes first; vhost and name break its ties.
+    let by_durable = get(&server, "/api/queues?sort=durable&sort_reverse=true").await;
+    let reversed: Vec<_> = by_vhost_then_name.iter().rev().cloned().collect();
+    assert_eq!(vhosts_and_names(&by_durable), reversed);
+    // Bindings: the default exchange's, by vhost first.
+    let bindings: Vec<(String, String)> = get(&server, "/api/bindings")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|binding| {
+            let text = |key: &str| binding[key].as_str().unwrap_or_default().to_owned();
+            (text("vhost"), text("destination"))
+        })
+        .collect();
+    assert_eq!(bindings, by_vhost_then_name);
+    // Policies: by priority, then vhost and name.
+    for (vhost, name, priority) in [("b", "p", 0), ("a", "q", 1), ("%2F", "r", 0)] {
+        put(
+            format!("/api/policies/{vhost}/{name}"),
+            json!({"pattern": "^none$", "definition": {"max-length": 1}, "priority": priority}),
+        )
+        .await;
+    }
+    assert_eq!(
+        vhosts_and_names(&get(&server, "/api/policies").await),
+        [("/", "r"), ("b", "p"), ("a", "q")]
+            .map(|(vhost, name)| (vhost.to_owned(), name.to_owned()))
+    );
+    server.stop().await;
+}

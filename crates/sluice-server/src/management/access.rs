@@ -17,7 +17,7 @@ use super::auth::Caller;
 use super::body::JsonObject;
 use super::change;
 use super::error::{ApiError, ApiResult};
-use super::list_query::ListQuery;
+use super::list_query::{ListQuery, SORT_PERMISSIONS};
 use super::rates::{message_stats, RateKey};
 use super::ManagementState;
 
@@ -295,9 +295,10 @@ async fn permissions(
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
     caller.require_administrator()?;
-    Ok(Json(
-        query.apply_unsorted(permissions_json(&state, |_| true))?,
-    ))
+    Ok(Json(query.apply_sorted_by(
+        permissions_json(&state, |_| true),
+        SORT_PERMISSIONS,
+    )?))
 }
 
 async fn vhost_permissions(
@@ -308,10 +309,10 @@ async fn vhost_permissions(
 ) -> ApiResult<Json<Value>> {
     caller.require_administrator()?;
     caller.require_visible_vhost(&vhost)?;
-    Ok(Json(query.apply_unsorted(permissions_json(
-        &state,
-        |permission| permission.vhost == vhost,
-    ))?))
+    Ok(Json(query.apply_sorted_by(
+        permissions_json(&state, |permission| permission.vhost == vhost),
+        SORT_PERMISSIONS,
+    )?))
 }
 
 async fn user_permissions(
@@ -324,10 +325,10 @@ async fn user_permissions(
     if !state.broker.access.user_exists(&user) {
         return Err(ApiError::not_found());
     }
-    Ok(Json(query.apply_unsorted(permissions_json(
-        &state,
-        |permission| permission.user == user,
-    ))?))
+    Ok(Json(query.apply_sorted_by(
+        permissions_json(&state, |permission| permission.user == user),
+        SORT_PERMISSIONS,
+    )?))
 }
 
 async fn permission(

@@ -24,7 +24,7 @@ use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use super::exchanges::exchange_name;
 use super::json::table_to_json;
-use super::list_query::ListQuery;
+use super::list_query::{ListQuery, SORT_BINDINGS};
 use super::ManagementState;
 
 pub fn routes() -> Router<Arc<ManagementState>> {
@@ -155,14 +155,10 @@ fn listed_json(
         .collect())
 }
 
-/// Bindings have no name: sorted by source, then destination, unless the
-/// query says otherwise.
-fn sorted(query: &ListQuery, mut items: Vec<Value>) -> ApiResult<Value> {
-    items.sort_by(|left, right| {
-        (left["source"].as_str(), left["destination"].as_str())
-            .cmp(&(right["source"].as_str(), right["destination"].as_str()))
-    });
-    query.apply_unsorted(items)
+/// Bindings have no name: sorted by vhost, source, destination, routing
+/// key and properties key unless the query says otherwise, as in RabbitMQ.
+fn sorted(query: &ListQuery, items: Vec<Value>) -> ApiResult<Value> {
+    query.apply_sorted_by(items, SORT_BINDINGS)
 }
 
 async fn list(

@@ -191,7 +191,8 @@ async fn consumer_list(
         .collect()
 }
 
-/// Consumers are sorted by their tag, as they have no name.
+/// Consumers have neither vhost nor name, so the default sort leaves them
+/// as they are gathered (RabbitMQ's then compares the whole records).
 async fn consumers(
     State(state): State<Arc<ManagementState>>,
     caller: Caller,

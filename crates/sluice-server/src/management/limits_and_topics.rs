@@ -15,7 +15,7 @@ use super::auth::Caller;
 use super::body::JsonObject;
 use super::change;
 use super::error::{ApiError, ApiResult};
-use super::list_query::ListQuery;
+use super::list_query::{ListQuery, SORT_TOPIC_PERMISSIONS};
 use super::ManagementState;
 
 pub fn routes() -> Router<Arc<ManagementState>> {
@@ -66,7 +66,10 @@ async fn topic_permissions(
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
     caller.require_administrator()?;
-    Ok(Json(query.apply_unsorted(topics(&state, |_| true))?))
+    Ok(Json(query.apply_sorted_by(
+        topics(&state, |_| true),
+        SORT_TOPIC_PERMISSIONS,
+    )?))
 }
 
 async fn topic_permissions_of(

@@ -27,21 +27,47 @@ pub struct ListQuery {
     disable_stats: Option<String>,
 }
 
+/// RabbitMQ's default order for most lists (`rabbit_mgmt_util:reply_list/3`,
+/// and the queues' and exchanges' `?DEFAULT_SORT`): by vhost, then name.
+/// Items without a vhost (vhosts, users, nodes, global parameters) are so
+/// sorted by name alone.
+pub const SORT_BY_VHOST_AND_NAME: &[&str] = &["vhost", "name"];
+
+/// Bindings (`rabbit_mgmt_wm_bindings`). RabbitMQ's list also names
+/// `type`, a field bindings do not have, which so sorts nothing.
+pub const SORT_BINDINGS: &[&str] = &[
+    "vhost",
+    "source",
+    "destination",
+    "routing_key",
+    "properties_key",
+];
+
+/// Policies and operator policies sort by priority; RabbitMQ breaks ties
+/// by comparing the items themselves, which begin with vhost and name.
+pub const SORT_POLICIES: &[&str] = &["priority", "vhost", "name"];
+
+/// Permissions (`rabbit_mgmt_wm_permissions*`).
+pub const SORT_PERMISSIONS: &[&str] = &["vhost", "user"];
+
+/// Topic permissions: as permissions, ties broken by the exchange, which
+/// is where RabbitMQ's comparison of the whole items lands.
+pub const SORT_TOPIC_PERMISSIONS: &[&str] = &["vhost", "user", "exchange"];
+
 impl ListQuery {
-    /// Filters, sorts, pages and trims `items` as the query asks.
+    /// Filters, sorts, pages and trims `items` as the query asks; sorted by
+    /// vhost and name by default ([`SORT_BY_VHOST_AND_NAME`]).
     pub fn apply(&self, items: Vec<Value>) -> Result<Value, ApiError> {
-        self.apply_sorted_by_default(items, Some("name"))
+        self.apply_sorted_by(items, SORT_BY_VHOST_AND_NAME)
     }
 
-    /// As [`Self::apply`], for items with no name, already in their order.
-    pub fn apply_unsorted(&self, items: Vec<Value>) -> Result<Value, ApiError> {
-        self.apply_sorted_by_default(items, None)
-    }
-
-    fn apply_sorted_by_default(
+    /// As [`Self::apply`], sorted by `default_sort`'s fields by default.
+    /// A `sort` field in the query comes first and these break its ties,
+    /// as in RabbitMQ (`rabbit_mgmt_util:merge_sorts`).
+    pub fn apply_sorted_by(
         &self,
         mut items: Vec<Value>,
-        default_sort: Option<&str>,
+        default_sort: &[&str],
     ) -> Result<Value, ApiError> {
         let total_count = items.len();
         let paged = self.page.is_some();
@@ -65,16 +91,19 @@ impl ListQuery {
                 });
             }
         }
-        // As RabbitMQ: sorted by name unless told otherwise.
-        let sort_key = self
-            .sort
-            .as_deref()
-            .filter(|key| !key.is_empty())
-            .or(default_sort);
-        if let Some(sort_key) = sort_key {
-            let path: Vec<&str> = sort_key.split('.').collect();
-            items.sort_by(|left, right| compare(lookup(left, &path), lookup(right, &path)));
-        }
+        let asked = self.sort.as_deref().filter(|key| !key.is_empty());
+        let sort_keys: Vec<Vec<&str>> = asked
+            .into_iter()
+            .chain(default_sort.iter().copied())
+            .map(|key| key.split('.').collect())
+            .collect();
+        items.sort_by(|left, right| {
+            sort_keys
+                .iter()
+                .map(|path| compare(lookup(left, path), lookup(right, path)))
+                .find(|order| order.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         if self.sort_reverse.as_deref() == Some("true") {
             items.reverse();
         }
@@ -158,19 +187,29 @@ fn lookup<'a>(item: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(item, |value, key| value.get(*key))
 }
 
-/// Missing values first, then numbers by value, strings by text.
+/// As Erlang orders terms, which RabbitMQ sorts by: numbers, then atoms
+/// (booleans, null), then objects, then strings. A missing field counts as
+/// 0, as in `rabbit_mgmt_util:get_dotted_value`.
 fn compare(left: Option<&Value>, right: Option<&Value>) -> std::cmp::Ordering {
-    use std::cmp::Ordering;
-    match (left, right) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        (Some(Value::Number(left)), Some(Value::Number(right))) => left
+    fn rank(value: &Value) -> u8 {
+        match value {
+            Value::Number(_) => 0,
+            Value::Bool(_) | Value::Null => 1,
+            Value::Object(_) => 2,
+            Value::Array(_) => 3,
+            Value::String(_) => 4,
+        }
+    }
+    let zero = Value::from(0);
+    match (left.unwrap_or(&zero), right.unwrap_or(&zero)) {
+        (Value::Number(left), Value::Number(right)) => left
             .as_f64()
             .unwrap_or_default()
             .total_cmp(&right.as_f64().unwrap_or_default()),
-        (Some(Value::String(left)), Some(Value::String(right))) => left.cmp(right),
-        (Some(left), Some(right)) => left.to_string().cmp(&right.to_string()),
+        (Value::String(left), Value::String(right)) => left.cmp(right),
+        (left, right) => rank(left)
+            .cmp(&rank(right))
+            .then_with(|| left.to_string().cmp(&right.to_string())),
     }
 }
 
@@ -246,6 +285,50 @@ mod tests {
         assert_eq!(
             by_messages,
             json!([{"name": "a"}, {"name": "b"}, {"name": "cq"}])
+        );
+    }
+
+    #[test]
+    fn lists_sort_by_vhost_then_name_and_break_a_sort_fields_ties_so() {
+        let items = || {
+            vec![
+                json!({"vhost": "b", "name": "aa", "messages": 1}),
+                json!({"vhost": "a", "name": "zz", "messages": 1}),
+                json!({"vhost": "/", "name": "mm", "messages": 2}),
+                json!({"vhost": "a", "name": "bb"}),
+            ]
+        };
+        let names = |listed: Value| -> Vec<String> {
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|item| {
+                    format!(
+                        "{}:{}",
+                        item["vhost"].as_str().unwrap(),
+                        item["name"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(query("").apply(items()).unwrap()),
+            ["/:mm", "a:bb", "a:zz", "b:aa"]
+        );
+        // A missing field counts as 0, as in RabbitMQ.
+        assert_eq!(
+            names(query("sort=messages").apply(items()).unwrap()),
+            ["a:bb", "a:zz", "b:aa", "/:mm"]
+        );
+        let policies = vec![
+            json!({"vhost": "b", "name": "p", "priority": 0}),
+            json!({"vhost": "a", "name": "q", "priority": 1}),
+            json!({"vhost": "/", "name": "r", "priority": 0}),
+        ];
+        assert_eq!(
+            names(query("").apply_sorted_by(policies, SORT_POLICIES).unwrap()),
+            ["/:r", "b:p", "a:q"]
         );
     }
 

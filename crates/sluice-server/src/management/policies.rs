@@ -19,7 +19,7 @@ use super::body::JsonObject;
 use super::change;
 use super::error::{ApiError, ApiResult};
 use super::json::to_json;
-use super::list_query::ListQuery;
+use super::list_query::{ListQuery, SORT_POLICIES};
 use super::ManagementState;
 
 pub fn routes() -> Router<Arc<ManagementState>> {
@@ -66,7 +66,7 @@ async fn policies(
         .into_iter()
         .filter(|policy| caller.sees_vhost(&policy.vhost))
         .collect();
-    Ok(Json(query.apply(to_json(listed))?))
+    Ok(Json(query.apply_sorted_by(to_json(listed), SORT_POLICIES)?))
 }
 
 async fn vhost_policies(
@@ -77,7 +77,7 @@ async fn vhost_policies(
 ) -> ApiResult<Json<Value>> {
     caller.require_visible_vhost(&vhost)?;
     let listed = state.broker.vhost_policies(&vhost).unwrap_or_default();
-    Ok(Json(query.apply(to_json(listed))?))
+    Ok(Json(query.apply_sorted_by(to_json(listed), SORT_POLICIES)?))
 }
 
 async fn policy(
