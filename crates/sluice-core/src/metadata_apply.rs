@@ -165,6 +165,15 @@ impl Broker {
                 self.access.set_vhost_limits(&vhost, limits);
                 Ok(())
             }
+            MetadataCommand::SetVhostLimit {
+                vhost,
+                limit,
+                value,
+            } => {
+                self.existing_vhost(&vhost)?;
+                self.access.set_vhost_limit(&vhost, limit, value);
+                Ok(())
+            }
             MetadataCommand::SetPolicy { policy } => self.apply_set_policy(&policy),
             MetadataCommand::ClearPolicy { vhost, name } => self.apply_clear_policy(&vhost, &name),
             MetadataCommand::SetParameter {

@@ -42,7 +42,7 @@ impl Broker {
 mod tests {
     use amq_protocol::types::FieldTable;
 
-    use crate::access::{PermissionDefinition, UserDefinition, VhostLimits};
+    use crate::access::{PermissionDefinition, UserDefinition, VhostLimit, VhostLimits};
     use crate::broker::{Broker, BrokerSettings};
     use crate::definitions::QueueDefinition;
     use crate::metadata::{BindingChange, MetadataCommand, MetadataReply, NodeIdentity};
@@ -252,6 +252,48 @@ mod tests {
                 code: 406,
                 text: "cannot declare queue 'two': queue limit in vhost '/' (1) is reached".into()
             }
+        );
+    }
+
+    #[test]
+    fn metadata_vhost_limit_changes_made_together_both_hold() {
+        let broker = node("a@h:1");
+        // Two administrators change different limits at once: both
+        // commands are made before either is applied.
+        let limit = |limit, value| MetadataCommand::SetVhostLimit {
+            vhost: "/".into(),
+            limit,
+            value,
+        };
+        let connections = limit(VhostLimit::MaxConnections, Some(10));
+        let queues = limit(VhostLimit::MaxQueues, Some(3));
+        assert_eq!(broker.apply_metadata(1, connections), MetadataReply::Done);
+        assert_eq!(broker.apply_metadata(2, queues), MetadataReply::Done);
+        assert_eq!(
+            broker.access.vhost_limits("/"),
+            VhostLimits {
+                max_connections: Some(10),
+                max_queues: Some(3),
+            }
+        );
+        let cleared = limit(VhostLimit::MaxConnections, None);
+        assert_eq!(broker.apply_metadata(3, cleared), MetadataReply::Done);
+        assert_eq!(broker.access.vhost_limits("/").max_queues, Some(3));
+        assert_eq!(broker.access.vhost_limits("/").max_connections, None);
+        let elsewhere = MetadataCommand::SetVhostLimit {
+            vhost: "nope".into(),
+            limit: VhostLimit::MaxQueues,
+            value: Some(1),
+        };
+        assert!(matches!(
+            broker.apply_metadata(4, elsewhere),
+            MetadataReply::Refused { .. }
+        ));
+        // As the log carries it.
+        let encoded = serde_json::to_value(limit(VhostLimit::MaxQueues, Some(3))).unwrap();
+        assert_eq!(
+            encoded,
+            serde_json::json!({"op": "set_vhost_limit", "vhost": "/", "limit": "max-queues", "value": 3})
         );
     }
 

@@ -880,3 +880,60 @@ async fn management_api_lists_sort_by_vhost_then_name_as_rabbitmq_does() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn management_api_vhost_limit_changes_made_at_once_both_hold() {
+    let server = start().await;
+    for round in 1..=10u64 {
+        let limit = |name: &str, value: u64| {
+            let path = format!("/api/vhost-limits/%2F/{name}");
+            let server = &server;
+            async move {
+                request(
+                    server,
+                    "PUT",
+                    &path,
+                    GUEST,
+                    Some(json!({"value": value})),
+                    None,
+                )
+                .await
+            }
+        };
+        let (connections, queues) = tokio::join!(
+            limit("max-connections", 100 + round),
+            limit("max-queues", round)
+        );
+        assert_eq!((connections.status, queues.status), (204, 204));
+        assert_eq!(
+            get(&server, "/api/vhost-limits/%2F").await,
+            json!([{"vhost": "/", "value": {"max-connections": 100 + round, "max-queues": round}}]),
+            "round {round}"
+        );
+    }
+    let unknown = request(
+        &server,
+        "PUT",
+        "/api/vhost-limits/%2F/max-channels",
+        GUEST,
+        Some(json!({"value": 1})),
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, 400);
+    let cleared = request(
+        &server,
+        "DELETE",
+        "/api/vhost-limits/%2F/max-queues",
+        GUEST,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(cleared.status, 204);
+    assert_eq!(
+        get(&server, "/api/vhost-limits/%2F").await,
+        json!([{"vhost": "/", "value": {"max-connections": 110}}])
+    );
+    server.stop().await;
+}

@@ -54,6 +54,36 @@ pub struct VhostLimits {
     pub max_queues: Option<u64>,
 }
 
+/// One of a vhost's limits, by the name RabbitMQ gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VhostLimit {
+    MaxConnections,
+    MaxQueues,
+}
+
+impl VhostLimit {
+    /// The limit called `name` (`max-connections`, `max-queues`); None for
+    /// any other name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "max-connections" => Some(VhostLimit::MaxConnections),
+            "max-queues" => Some(VhostLimit::MaxQueues),
+            _ => None,
+        }
+    }
+}
+
+impl VhostLimits {
+    /// Sets `limit` to `value` (None: no limit), leaving the other.
+    pub fn set(&mut self, limit: VhostLimit, value: Option<u64>) {
+        match limit {
+            VhostLimit::MaxConnections => self.max_connections = value,
+            VhostLimit::MaxQueues => self.max_queues = value,
+        }
+    }
+}
+
 /// What a node creates when the cluster first starts, as RabbitMQ does:
 /// the default vhost, the default user, and the user's permissions there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,6 +370,20 @@ impl AccessControl {
 
     pub fn set_vhost_limits(&self, vhost: &str, limits: VhostLimits) {
         let mut state = self.write();
+        if limits == VhostLimits::default() {
+            state.vhost_limits.remove(vhost);
+        } else {
+            state.vhost_limits.insert(vhost.to_owned(), limits);
+        }
+    }
+
+    /// Sets one of `vhost`'s limits against its limits as they are now,
+    /// under the one write lock: a change to the other limit made meanwhile
+    /// is kept.
+    pub fn set_vhost_limit(&self, vhost: &str, limit: VhostLimit, value: Option<u64>) {
+        let mut state = self.write();
+        let mut limits = state.vhost_limits.get(vhost).copied().unwrap_or_default();
+        limits.set(limit, value);
         if limits == VhostLimits::default() {
             state.vhost_limits.remove(vhost);
         } else {

@@ -4,7 +4,8 @@ use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 
 use crate::access::{
-    DefaultAccess, PermissionDefinition, TopicPermissionDefinition, UserDefinition, VhostLimits,
+    DefaultAccess, PermissionDefinition, TopicPermissionDefinition, UserDefinition, VhostLimit,
+    VhostLimits,
 };
 use crate::definitions::{Definitions, QueueDefinition};
 use crate::error::{AmqpError, AmqpResult};
@@ -122,9 +123,19 @@ pub enum MetadataCommand {
         user: String,
         vhost: String,
     },
+    /// Replaces both of a vhost's limits (definitions, the `vhost-limits`
+    /// parameter).
     SetVhostLimits {
         vhost: String,
         limits: VhostLimits,
+    },
+    /// Sets one limit (None: clears it) and leaves the other as it is when
+    /// the command is applied, not as it was when the command was made:
+    /// two changes to different limits made at once both hold.
+    SetVhostLimit {
+        vhost: String,
+        limit: VhostLimit,
+        value: Option<u64>,
     },
     SetTopicPermissions {
         permissions: TopicPermissionDefinition,

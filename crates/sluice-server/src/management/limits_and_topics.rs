@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
-use sluice_core::access::{TopicPermissionDefinition, VhostLimits};
+use sluice_core::access::{TopicPermissionDefinition, VhostLimit, VhostLimits};
 use sluice_core::metadata::MetadataCommand;
 
 use super::auth::Caller;
@@ -222,26 +222,28 @@ async fn delete_vhost_limit(
     change_limit(&state, vhost, &name, None).await
 }
 
+/// Proposes the change of `name` alone: the other limit is left as it is
+/// when the log applies the change, so concurrent changes to different
+/// limits both hold.
 async fn change_limit(
     state: &ManagementState,
     vhost: String,
     name: &str,
     value: Option<u64>,
 ) -> ApiResult<StatusCode> {
-    let mut limits = state.broker.access.vhost_limits(&vhost);
-    match name {
-        "max-connections" => limits.max_connections = value,
-        "max-queues" => limits.max_queues = value,
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "unrecognised limit '{other}' (max-connections or max-queues)"
-            )))
-        }
-    }
+    let limit = VhostLimit::from_name(name).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unrecognised limit '{name}' (max-connections or max-queues)"
+        ))
+    })?;
     state
         .broker
         .metadata
-        .propose(MetadataCommand::SetVhostLimits { vhost, limits })
+        .propose(MetadataCommand::SetVhostLimit {
+            vhost,
+            limit,
+            value,
+        })
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
