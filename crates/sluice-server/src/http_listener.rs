@@ -1,12 +1,29 @@
 //! The HTTP endpoints' listeners (management API, Prometheus): their
-//! `<prefix>.tcp.port` and `<prefix>.tcp.ip` keys, and binding them.
+//! `<prefix>.tcp.port` and `<prefix>.tcp.ip` keys, binding them, and the
+//! bound on the connections each serves at once ([`LimitedListener`]).
 //!
 //! RabbitMQ's plugins listen on fixed default ports (15672, 15692). Several
 //! Sluice nodes, or a RabbitMQ, on one machine would fight over them, so a
 //! default port in use is logged and that endpoint stays off; a port that
 //! was configured and cannot be had stops the start.
 
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Connections one HTTP listener serves at once. Each holds a file
+/// descriptor (which AMQP connections need too) and a task, and nothing
+/// else bounds them: a burst of scrapers or browser tabs, or a client that
+/// opens connections and sends nothing, would otherwise take descriptors
+/// until the node could accept no AMQP connection either. The management
+/// UI and tools use a few connections each, so this leaves them room.
+pub const HTTP_CONNECTIONS_MAX: usize = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpListenerConfig {
@@ -92,9 +109,127 @@ pub fn bind(
     }
 }
 
+/// A listener that serves at most `connections_max` connections at once.
+///
+/// Past the bound it stops accepting until a served connection closes: the
+/// further connections wait in the kernel's accept queue (and, once that is
+/// full, the clients' connects wait) and are served in turn. Waiting is
+/// back pressure a client already copes with, as a slow answer; closing
+/// them at once would turn a busy moment into failed scrapes and UI pages.
+pub struct LimitedListener {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+}
+
+impl LimitedListener {
+    /// # Panics
+    /// If `connections_max` is 0 (no connection would ever be served) or
+    /// above the semaphore's bound.
+    pub fn new(listener: TcpListener, connections_max: usize) -> Self {
+        assert!(connections_max > 0 && connections_max <= Semaphore::MAX_PERMITS);
+        LimitedListener {
+            listener,
+            slots: Arc::new(Semaphore::new(connections_max)),
+        }
+    }
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = LimitedStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
+        (
+            LimitedStream {
+                stream,
+                _slot: slot,
+            },
+            address,
+        )
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A served connection: its slot is given back when it is dropped.
+pub struct LimitedStream {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for LimitedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(context, buffer)
+    }
+}
+
+impl AsyncWrite for LimitedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(context, buffer)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(context, buffers)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(context)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(context)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::serve::Listener;
+    use futures_util::FutureExt;
+
+    #[tokio::test]
+    async fn a_connection_past_the_bound_waits_until_a_served_one_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut limited = LimitedListener::new(listener, 2);
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(address).await.unwrap());
+        }
+        let (first, _) = limited.accept().await;
+        let (_second, _) = limited.accept().await;
+        let mut third = Box::pin(limited.accept());
+        assert!(
+            third.as_mut().now_or_never().is_none(),
+            "a third connection is not taken while two are served"
+        );
+        drop(first);
+        let (_third, from) = third.await;
+        assert_eq!(from, clients[2].local_addr().unwrap());
+    }
 
     #[test]
     fn http_listener_keys_are_read_and_checked() {

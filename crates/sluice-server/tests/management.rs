@@ -937,3 +937,44 @@ async fn management_api_vhost_limit_changes_made_at_once_both_hold() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn management_api_serves_a_bounded_number_of_connections_and_the_next_waits() {
+    use sluice_server::http_listener::HTTP_CONNECTIONS_MAX;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let server = start().await;
+    let address = server.running().management_address.expect("the API is on");
+    // Connections that send nothing hold every slot.
+    let mut idle = Vec::new();
+    for _ in 0..HTTP_CONNECTIONS_MAX {
+        idle.push(TcpStream::connect(address).await.unwrap());
+    }
+    let mut waiting = TcpStream::connect(address).await.unwrap();
+    waiting
+        .write_all(
+            b"GET /api/overview HTTP/1.1\r\nHost: localhost\r\n\
+              Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        waiting.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(early.is_err(), "no answer while every slot is taken");
+    drop(idle);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        waiting.read_to_end(&mut answer),
+    )
+    .await
+    .expect("an answer once the idle connections close")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    server.stop().await;
+}

@@ -49,6 +49,7 @@ use std::time::SystemTime;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::Uri;
+use axum::serve::ListenerExt;
 use axum::{Router, ServiceExt};
 use sluice_core::broker::Broker;
 use tokio::net::TcpListener;
@@ -56,7 +57,7 @@ use tokio::sync::watch;
 
 use crate::alarm::{AlarmLimits, Alarms};
 use crate::connection_registry::ConnectionRegistry;
-use crate::http_listener::{self, HttpListenError};
+use crate::http_listener::{self, HttpListenError, LimitedListener, HTTP_CONNECTIONS_MAX};
 use crate::quorum_hibernation::RunningGroups;
 use config::ManagementConfig;
 
@@ -116,6 +117,10 @@ pub fn serve(
         // too (amqp091-go's tests do), and RabbitMQ takes both.
         let service = tower::util::MapRequest::new(router, without_trailing_slash)
             .into_make_service_with_connect_info::<SocketAddr>();
+        // The tap does nothing: axum gives a peer's address (`ConnectInfo`,
+        // which the loopback-only users' check reads) to any listener
+        // wrapped in it, and to none of ours otherwise.
+        let listener = LimitedListener::new(listener, HTTP_CONNECTIONS_MAX).tap_io(|_| ());
         if let Err(error) = axum::serve(listener, service)
             .with_graceful_shutdown(stopped)
             .await

@@ -23,7 +23,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::http_listener::{self, HttpListenError};
+use crate::http_listener::{self, HttpListenError, LimitedListener, HTTP_CONNECTIONS_MAX};
 use config::PrometheusConfig;
 use metrics::{MetricsSources, Scope};
 
@@ -71,6 +71,7 @@ pub fn serve(
         let stopped = async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         };
+        let listener = LimitedListener::new(listener, HTTP_CONNECTIONS_MAX);
         if let Err(error) = axum::serve(listener, router)
             .with_graceful_shutdown(stopped)
             .await
