@@ -7,11 +7,13 @@
 //! default port in use is logged and that endpoint stays off; a port that
 //! was configured and cannot be had stops the start.
 
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,6 +26,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// until the node could accept no AMQP connection either. The management
 /// UI and tools use a few connections each, so this leaves them room.
 pub const HTTP_CONNECTIONS_MAX: usize = 256;
+
+/// How long a connection may send and receive nothing before it is closed
+/// (cowboy's `idle_timeout` in RabbitMQ, 60 s): a client that opens
+/// connections and sends nothing gives its slots back instead of holding
+/// the listener shut, and a browser's kept-alive connection is let go.
+pub const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpListenerConfig {
@@ -119,6 +127,7 @@ pub fn bind(
 pub struct LimitedListener {
     listener: TcpListener,
     slots: Arc<Semaphore>,
+    idle_timeout: Duration,
 }
 
 impl LimitedListener {
@@ -130,7 +139,16 @@ impl LimitedListener {
         LimitedListener {
             listener,
             slots: Arc::new(Semaphore::new(connections_max)),
+            idle_timeout: HTTP_IDLE_TIMEOUT,
         }
+    }
+
+    /// With connections closed after `idle_timeout` without traffic
+    /// instead of [`HTTP_IDLE_TIMEOUT`].
+    #[must_use]
+    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
     }
 }
 
@@ -147,6 +165,8 @@ impl axum::serve::Listener for LimitedListener {
         (
             LimitedStream {
                 stream,
+                idle: Box::pin(tokio::time::sleep(self.idle_timeout)),
+                idle_timeout: self.idle_timeout,
                 _slot: slot,
             },
             address,
@@ -158,10 +178,34 @@ impl axum::serve::Listener for LimitedListener {
     }
 }
 
-/// A served connection: its slot is given back when it is dropped.
+/// A served connection: its slot is given back when it is dropped, at the
+/// latest once it has been idle for its listener's idle timeout.
 pub struct LimitedStream {
     stream: TcpStream,
+    /// Set again on every read or write that moves bytes.
+    idle: Pin<Box<tokio::time::Sleep>>,
+    idle_timeout: Duration,
     _slot: OwnedSemaphorePermit,
+}
+
+impl LimitedStream {
+    /// What a read or write that is not ready yet returns: still pending,
+    /// or an error once the connection was idle too long (the server then
+    /// closes it).
+    fn pending_or_idle<T>(&mut self, context: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match self.idle.as_mut().poll(context) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "HTTP connection idle for too long",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn moved(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.idle_timeout;
+        self.idle.as_mut().reset(deadline);
+    }
 }
 
 impl AsyncRead for LimitedStream {
@@ -170,7 +214,13 @@ impl AsyncRead for LimitedStream {
         context: &mut Context<'_>,
         buffer: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(context, buffer)
+        match Pin::new(&mut self.stream).poll_read(context, buffer) {
+            Poll::Pending => self.pending_or_idle(context),
+            ready => {
+                self.moved();
+                ready
+            }
+        }
     }
 }
 
@@ -180,7 +230,13 @@ impl AsyncWrite for LimitedStream {
         context: &mut Context<'_>,
         buffer: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(context, buffer)
+        match Pin::new(&mut self.stream).poll_write(context, buffer) {
+            Poll::Pending => self.pending_or_idle(context),
+            ready => {
+                self.moved();
+                ready
+            }
+        }
     }
 
     fn poll_write_vectored(
@@ -188,7 +244,13 @@ impl AsyncWrite for LimitedStream {
         context: &mut Context<'_>,
         buffers: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(context, buffers)
+        match Pin::new(&mut self.stream).poll_write_vectored(context, buffers) {
+            Poll::Pending => self.pending_or_idle(context),
+            ready => {
+                self.moved();
+                ready
+            }
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -229,6 +291,38 @@ mod tests {
         drop(first);
         let (_third, from) = third.await;
         assert_eq!(from, clients[2].local_addr().unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_and_gives_its_slot_back() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut limited =
+            LimitedListener::new(listener, 1).with_idle_timeout(Duration::from_millis(200));
+        let _idle_client = TcpStream::connect(address).await.unwrap();
+        let mut waiting_client = TcpStream::connect(address).await.unwrap();
+        let (mut idle, _) = limited.accept().await;
+        // The server's read of the idle client fails once it was idle for
+        // the timeout, and the connection is dropped with its slot.
+        let mut buffer = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buffer))
+            .await
+            .expect("the idle timeout ends the read");
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        drop(idle);
+        let (mut second, _) = tokio::time::timeout(Duration::from_secs(5), limited.accept())
+            .await
+            .expect("the slot is free again");
+        // Traffic keeps a connection: a byte every 100 ms outlives the 200 ms
+        // timeout.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::io::AsyncWriteExt::write_all(&mut waiting_client, b"x")
+                .await
+                .unwrap();
+            assert_eq!(second.read(&mut buffer).await.unwrap(), 1);
+        }
     }
 
     #[test]
