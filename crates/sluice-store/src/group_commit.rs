@@ -1092,14 +1092,23 @@ mod tests {
         }
         assert_eq!(group.deferred_total.load(Ordering::Relaxed), 0);
         assert_eq!(group.unwritten_total(), 0);
-        // Appends past the bound are handed to a round without being asked.
+        // Appends past the bound are handed to a round without being asked:
+        // the one that reaches it and those before. Any after it may start
+        // the next deferral, if a round took the log in between.
         let payload = vec![7u8; 4096];
-        let mut last = 0;
+        let record_length = (RECORD_HEADER_SIZE + 1 + payload.len()) as u64;
+        let mut deferred = 0;
+        let mut reaching = None;
         for _ in 0..=(DEFERRED_WRITE_BYTES / 4096) {
-            last = buffer.append_unsynced(&group, 1, &[&payload]).unwrap().1;
+            let sequence = buffer.append_unsynced(&group, 1, &[&payload]).unwrap().1;
+            deferred += record_length;
+            if reaching.is_none() && deferred >= DEFERRED_WRITE_BYTES {
+                reaching = Some(sequence);
+            }
         }
+        let reaching = reaching.expect("the appends pass the bound");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !buffer.is_synced(last) {
+        while !buffer.is_synced(reaching) {
             assert!(Instant::now() < deadline, "a large deferral is written");
             std::thread::sleep(Duration::from_millis(1));
         }
