@@ -274,9 +274,27 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
         "node 3 holds the queue's log: {on_node_3:?}"
     );
     let path = format!("/api/queues/quorum/replicas/on/{}/shrink", names[2]);
-    let (status, body) = call_async(api[1], "DELETE", path, None).await;
+    let (status, body) = call_async(api[1], "DELETE", path.clone(), None).await;
     assert_eq!(status, 204, "{body}");
     let two = [names[0].as_str(), names[1].as_str()];
+    // Shrink answers 204 and logs a queue it could not change, as RabbitMQ
+    // does. Removing the member that leads has failed that way once in CI
+    // on a loaded machine (the reply of the group that lost its leader did
+    // not come back); an operator asks again, and so does this test, once.
+    let shrunk = |port| async move {
+        let (_, body) = call_async(port, "GET", "/api/queues/%2F/grown".into(), None).await;
+        body["members"]
+            .as_array()
+            .is_some_and(|members| members.len() == 2)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !shrunk(api[2]).await && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if !shrunk(api[2]).await {
+        let (status, body) = call_async(api[1], "DELETE", path, None).await;
+        assert_eq!(status, 204, "{body}");
+    }
     members_once(api[2], "grown", |members| same_members(members, &two)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !queue_dirs(&nodes[2].data_dir).is_empty() {
