@@ -202,9 +202,19 @@ impl LimitedStream {
         }
     }
 
-    fn moved(&mut self) {
+    /// A read or write's outcome: one that moved bytes sets the idle
+    /// deadline again; one not ready yet may have met it.
+    fn idle_checked<T>(
+        &mut self,
+        context: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_pending() {
+            return self.pending_or_idle(context);
+        }
         let deadline = tokio::time::Instant::now() + self.idle_timeout;
         self.idle.as_mut().reset(deadline);
+        polled
     }
 }
 
@@ -214,13 +224,8 @@ impl AsyncRead for LimitedStream {
         context: &mut Context<'_>,
         buffer: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.stream).poll_read(context, buffer) {
-            Poll::Pending => self.pending_or_idle(context),
-            ready => {
-                self.moved();
-                ready
-            }
-        }
+        let polled = Pin::new(&mut self.stream).poll_read(context, buffer);
+        self.idle_checked(context, polled)
     }
 }
 
@@ -230,13 +235,8 @@ impl AsyncWrite for LimitedStream {
         context: &mut Context<'_>,
         buffer: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.stream).poll_write(context, buffer) {
-            Poll::Pending => self.pending_or_idle(context),
-            ready => {
-                self.moved();
-                ready
-            }
-        }
+        let polled = Pin::new(&mut self.stream).poll_write(context, buffer);
+        self.idle_checked(context, polled)
     }
 
     fn poll_write_vectored(
@@ -244,13 +244,8 @@ impl AsyncWrite for LimitedStream {
         context: &mut Context<'_>,
         buffers: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.stream).poll_write_vectored(context, buffers) {
-            Poll::Pending => self.pending_or_idle(context),
-            ready => {
-                self.moved();
-                ready
-            }
-        }
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(context, buffers);
+        self.idle_checked(context, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
