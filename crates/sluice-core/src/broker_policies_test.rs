@@ -138,7 +138,6 @@ fn publish(broker: &Broker, exchange: &str, key: &str, body: &str) -> bool {
         .publish(
             exchange.as_bytes(),
             message,
-            false,
             &mut PublishScratch::default(),
             &mut congested,
         )

@@ -1,25 +1,22 @@
 //! Counters of what happens to messages, kept where it happens: in each
-//! queue, channel, connection and vhost, for the management API and
-//! Prometheus to read (RabbitMQ's `message_stats`: publish, deliver_get,
-//! redeliver, ack, confirm, return_unroutable, drop_unroutable).
+//! queue, channel and vhost, for the management API and Prometheus to read
+//! (RabbitMQ's `message_stats`: publish, deliver_get, redeliver, ack,
+//! confirm, return_unroutable, drop_unroutable).
 //!
-//! They cost one relaxed atomic add each on the message path, no lock. A
-//! counter written by many threads at once (a vhost's, which every
-//! publisher of the vhost adds to) is split in shards, one per thread in
-//! use up to [`COUNTER_SHARDS`], each on its own cache line, so publishers
-//! on different cores do not fight over one line; readers add the shards
-//! up. Each count is exact on its own; counts read one after another are
-//! not a consistent snapshot of each other.
+//! Counting costs the message path no atomic operation. Each place counts
+//! into plain integers ([`MessageCounts`]) that only one thread writes at a
+//! time, because they sit where the message path already is alone: a
+//! classic queue's counts under its state lock, a channel's deliveries
+//! under its delivery lock, a channel's publishes in the connection task
+//! that owns the channel. The last are handed to [`MessageCounters`],
+//! which readers on other threads see, once per read batch, not per
+//! message. A vhost keeps no counter of its own on the message path: its
+//! counts are its channels' added up when read, as RabbitMQ's management
+//! agent adds up channel stats (see [`crate::vhost::counts`]). Each count is
+//! exact on its own; counts read one after another are not a consistent
+//! snapshot of each other.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-/// Shards of a counter that many threads write. The runtime has a worker
-/// thread per core; 16 covers machines up to 16 cores without sharing a
-/// shard, and beyond that threads share them (still correct, a little
-/// slower). Each shard is aligned to 128 bytes (two cache lines, against
-/// the adjacent-line prefetcher) and holds 18 counters, so 256 bytes: 4 KiB
-/// per counted vhost.
-pub const COUNTER_SHARDS: usize = 16;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One count, added to with a relaxed atomic.
 #[derive(Debug, Default)]
@@ -39,44 +36,87 @@ impl Counter {
     }
 }
 
-/// What happened to messages at one place. Each place counts the events
-/// that happen there and leaves the others at zero: a queue has no
-/// unroutable messages, a channel drops none by TTL.
-#[derive(Debug, Default)]
-pub struct MessageCounters {
+/// Declares the counts once: [`MessageCounts`] (plain, for the one writer
+/// and for readers' results), [`MessageCounters`] (shared, atomic) and the
+/// field-by-field operations between them.
+macro_rules! message_counts {
+    ($( $(#[$doc:meta])* $field:ident, )*) => {
+        /// What happened to messages at one place, as plain integers: the
+        /// counts of a place only one thread writes at a time, and any
+        /// place's counts read at one moment. Each place counts the events
+        /// that happen there and leaves the others at zero: a queue has no
+        /// unroutable messages, a channel drops none by TTL.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct MessageCounts {
+            $( $(#[$doc])* pub $field: u64, )*
+        }
+
+        /// [`MessageCounts`] that several threads add to and read: each
+        /// count a relaxed atomic.
+        #[derive(Debug, Default)]
+        pub struct MessageCounters {
+            $( $(#[$doc])* pub $field: Counter, )*
+        }
+
+        impl MessageCounters {
+            pub fn counts(&self) -> MessageCounts {
+                MessageCounts { $( $field: self.$field.get(), )* }
+            }
+
+            /// Adds `counts`, one atomic add per count that is not zero.
+            pub fn add_counts(&self, counts: &MessageCounts) {
+                $( if counts.$field != 0 { self.$field.add(counts.$field); } )*
+            }
+        }
+
+        impl std::ops::AddAssign for MessageCounts {
+            fn add_assign(&mut self, other: MessageCounts) {
+                $( self.$field += other.$field; )*
+            }
+        }
+
+        impl MessageCounts {
+            pub fn is_zero(&self) -> bool {
+                $( self.$field == 0 && )* true
+            }
+        }
+    };
+}
+
+message_counts! {
     /// Received from publishers (a channel, a vhost) or taken in (a queue).
-    pub published: Counter,
-    pub published_bytes: Counter,
+    published,
+    published_bytes,
     /// Published messages that reached at least one queue.
-    pub routed: Counter,
+    routed,
     /// Published with mandatory, reached no queue, sent back.
-    pub returned_unroutable: Counter,
+    returned_unroutable,
     /// Published without mandatory, reached no queue, dropped.
-    pub dropped_unroutable: Counter,
+    dropped_unroutable,
     /// Of those received, on channels in confirm mode.
-    pub received_confirm: Counter,
+    received_confirm,
     /// Publisher confirms sent (basic.ack to a publisher).
-    pub confirmed: Counter,
+    confirmed,
     /// Publishes refused (basic.nack to a publisher).
-    pub refused: Counter,
+    refused,
     /// Sent to consumers or fetched with basic.get.
-    pub delivered: Counter,
+    delivered,
     /// Of those, fetched with basic.get.
-    pub delivered_get: Counter,
+    delivered_get,
     /// Of those fetched, with no_ack (acknowledged automatically).
-    pub delivered_get_no_ack: Counter,
+    delivered_get_no_ack,
     /// Of those sent to consumers, to no_ack consumers.
-    pub delivered_consume_no_ack: Counter,
+    delivered_consume_no_ack,
     /// basic.get that found the queue empty.
-    pub get_empty: Counter,
-    pub delivered_bytes: Counter,
+    get_empty,
+    delivered_bytes,
     /// Of those, sent again after a requeue or a restart.
-    pub redelivered: Counter,
+    redelivered,
     /// Acknowledged by consumers.
-    pub acked: Counter,
+    acked,
     /// Left a queue unconsumed: expired, over a length limit, rejected
     /// without requeue, purged.
-    pub dropped: Counter,
+    dropped,
 }
 
 /// How a message left for a client: RabbitMQ counts consumers' deliveries
@@ -88,6 +128,71 @@ pub enum DeliveredBy {
 }
 
 impl MessageCounts {
+    /// False in the `uncounted` build, which measures what counting costs.
+    #[inline]
+    fn counting(&self) -> bool {
+        !cfg!(feature = "uncounted")
+    }
+
+    /// A message received from a publisher.
+    #[inline]
+    pub fn count_publish(&mut self, body_bytes: usize) {
+        if self.counting() {
+            self.published += 1;
+            self.published_bytes += body_bytes as u64;
+        }
+    }
+
+    /// One message published, counted on its own.
+    pub fn of_publish(body_bytes: usize, routed: bool, mandatory: bool) -> MessageCounts {
+        let mut counts = MessageCounts::default();
+        counts.count_publish(body_bytes);
+        counts.count_routing(routed, mandatory);
+        counts
+    }
+
+    /// Where a published message went: to queues, back to its publisher
+    /// (mandatory), or nowhere.
+    #[inline]
+    pub fn count_routing(&mut self, routed: bool, mandatory: bool) {
+        if !self.counting() {
+            return;
+        }
+        match (routed, mandatory) {
+            (true, _) => self.routed += 1,
+            (false, true) => self.returned_unroutable += 1,
+            (false, false) => self.dropped_unroutable += 1,
+        }
+    }
+
+    /// A message sent to a consumer or fetched, `how`.
+    #[inline]
+    pub fn count_delivery(&mut self, body_bytes: usize, redelivered: bool, how: DeliveredBy) {
+        if !self.counting() {
+            return;
+        }
+        self.delivered += 1;
+        self.delivered_bytes += body_bytes as u64;
+        self.redelivered += u64::from(redelivered);
+        match how {
+            DeliveredBy::Consume { no_ack: false } => {}
+            DeliveredBy::Consume { no_ack: true } => self.delivered_consume_no_ack += 1,
+            DeliveredBy::Get { no_ack } => {
+                self.delivered_get += 1;
+                self.delivered_get_no_ack += u64::from(no_ack);
+            }
+        }
+    }
+
+    /// Adds `amount` to the count `field` picks:
+    /// `counts.add(|counts| &mut counts.acked, 1)`.
+    #[inline]
+    pub fn add(&mut self, field: fn(&mut MessageCounts) -> &mut u64, amount: u64) {
+        if self.counting() {
+            *field(self) += amount;
+        }
+    }
+
     /// Sent to consumers that acknowledge.
     pub fn consume_manual_ack(&self) -> u64 {
         self.delivered
@@ -101,173 +206,57 @@ impl MessageCounts {
     }
 }
 
-/// [`MessageCounters`] read at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MessageCounts {
-    pub published: u64,
-    pub published_bytes: u64,
-    pub routed: u64,
-    pub returned_unroutable: u64,
-    pub dropped_unroutable: u64,
-    pub received_confirm: u64,
-    pub confirmed: u64,
-    pub refused: u64,
-    pub delivered: u64,
-    pub delivered_get: u64,
-    pub delivered_get_no_ack: u64,
-    pub delivered_consume_no_ack: u64,
-    pub get_empty: u64,
-    pub delivered_bytes: u64,
-    pub redelivered: u64,
-    pub acked: u64,
-    pub dropped: u64,
-}
-
 impl MessageCounters {
-    pub fn counts(&self) -> MessageCounts {
-        MessageCounts {
-            published: self.published.get(),
-            published_bytes: self.published_bytes.get(),
-            routed: self.routed.get(),
-            returned_unroutable: self.returned_unroutable.get(),
-            dropped_unroutable: self.dropped_unroutable.get(),
-            received_confirm: self.received_confirm.get(),
-            confirmed: self.confirmed.get(),
-            refused: self.refused.get(),
-            delivered: self.delivered.get(),
-            delivered_get: self.delivered_get.get(),
-            delivered_get_no_ack: self.delivered_get_no_ack.get(),
-            delivered_consume_no_ack: self.delivered_consume_no_ack.get(),
-            get_empty: self.get_empty.get(),
-            delivered_bytes: self.delivered_bytes.get(),
-            redelivered: self.redelivered.get(),
-            acked: self.acked.get(),
-            dropped: self.dropped.get(),
-        }
-    }
-
-    /// A message sent to a consumer or fetched, `how`.
-    #[inline]
+    /// A message sent to a consumer or fetched, counted where several
+    /// threads count (a quorum queue's members).
     pub fn count_delivery(&self, body_bytes: usize, redelivered: bool, how: DeliveredBy) {
-        self.delivered.add(1);
-        self.delivered_bytes.add(body_bytes as u64);
-        if redelivered {
-            self.redelivered.add(1);
-        }
-        match how {
-            DeliveredBy::Consume { no_ack: false } => {}
-            DeliveredBy::Consume { no_ack: true } => self.delivered_consume_no_ack.add(1),
-            DeliveredBy::Get { no_ack } => {
-                self.delivered_get.add(1);
-                if no_ack {
-                    self.delivered_get_no_ack.add(1);
-                }
-            }
-        }
+        let mut counts = MessageCounts::default();
+        counts.count_delivery(body_bytes, redelivered, how);
+        self.add_counts(&counts);
     }
 
-    /// A message received from a publisher.
-    #[inline]
+    /// A message received, counted where several threads count.
     pub fn count_publish(&self, body_bytes: usize) {
-        self.published.add(1);
-        self.published_bytes.add(body_bytes as u64);
+        let mut counts = MessageCounts::default();
+        counts.count_publish(body_bytes);
+        self.add_counts(&counts);
     }
 }
 
-impl std::ops::AddAssign for MessageCounts {
-    fn add_assign(&mut self, other: MessageCounts) {
-        self.published += other.published;
-        self.published_bytes += other.published_bytes;
-        self.routed += other.routed;
-        self.returned_unroutable += other.returned_unroutable;
-        self.dropped_unroutable += other.dropped_unroutable;
-        self.received_confirm += other.received_confirm;
-        self.confirmed += other.confirmed;
-        self.refused += other.refused;
-        self.delivered += other.delivered;
-        self.delivered_get += other.delivered_get;
-        self.delivered_get_no_ack += other.delivered_get_no_ack;
-        self.delivered_consume_no_ack += other.delivered_consume_no_ack;
-        self.get_empty += other.get_empty;
-        self.delivered_bytes += other.delivered_bytes;
-        self.redelivered += other.redelivered;
-        self.acked += other.acked;
-        self.dropped += other.dropped;
+/// Hands what the one writer counted since the last flush to the shared
+/// counters, and starts again from zero.
+pub fn flush_counts(counts: &mut MessageCounts, into: &MessageCounters) {
+    if !counts.is_zero() {
+        into.add_counts(counts);
+        *counts = MessageCounts::default();
     }
 }
 
-/// One shard on a cache line of its own.
-#[derive(Default)]
-#[repr(align(128))]
-struct Shard(MessageCounters);
-
-/// [`MessageCounters`] that many threads add to at once (see the module
-/// doc).
-pub struct ShardedCounters {
-    shards: Box<[Shard]>,
-}
-
-impl Default for ShardedCounters {
-    fn default() -> Self {
-        ShardedCounters {
-            shards: (0..COUNTER_SHARDS).map(|_| Shard::default()).collect(),
-        }
-    }
-}
-
-impl ShardedCounters {
-    /// The calling thread's shard, to count into.
-    #[inline]
-    pub fn local(&self) -> &MessageCounters {
-        if cfg!(feature = "uncounted") {
-            return &self.shards[0].0;
-        }
-        &self.shards[thread_shard()].0
-    }
-
-    /// The shards added up.
-    pub fn counts(&self) -> MessageCounts {
-        let mut total = MessageCounts::default();
-        for shard in self.shards.iter() {
-            total += shard.0.counts();
-        }
-        total
-    }
-}
-
-/// This thread's shard index: threads take the next one as they first
-/// count, round robin.
-fn thread_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % COUNTER_SHARDS;
-    }
-    SHARD.with(|shard| *shard)
-}
-
-#[cfg(test)]
+#[cfg(all(test, not(feature = "uncounted")))]
 mod tests {
     use super::*;
 
     #[test]
-    fn sharded_counters_add_up_what_every_thread_counted() {
-        let counters = std::sync::Arc::new(ShardedCounters::default());
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let counters = std::sync::Arc::clone(&counters);
-                std::thread::spawn(move || {
-                    for _ in 0..1000 {
-                        counters.local().count_publish(10);
-                    }
-                })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().unwrap();
-        }
-        let counts = counters.counts();
-        assert_eq!(counts.published, 4000);
-        assert_eq!(counts.published_bytes, 40_000);
-        assert_eq!(counts.delivered, 0);
+    fn a_flush_hands_over_what_was_counted_once() {
+        let shared = MessageCounters::default();
+        let mut counts = MessageCounts::default();
+        counts.count_publish(10);
+        counts.count_routing(false, true);
+        counts.count_delivery(10, true, DeliveredBy::Get { no_ack: true });
+        counts.add(|counts| &mut counts.acked, 3);
+        flush_counts(&mut counts, &shared);
+        assert!(counts.is_zero());
+        flush_counts(&mut counts, &shared);
+        let read = shared.counts();
+        assert_eq!(read.published, 1);
+        assert_eq!(read.published_bytes, 10);
+        assert_eq!(read.returned_unroutable, 1);
+        assert_eq!(read.routed, 0);
+        assert_eq!(read.delivered, 1);
+        assert_eq!(read.delivered_get, 1);
+        assert_eq!(read.delivered_get_no_ack, 1);
+        assert_eq!(read.redelivered, 1);
+        assert_eq!(read.acked, 3);
+        assert_eq!(read.get_manual_ack(), 0);
     }
 }

@@ -62,8 +62,9 @@ pub struct Connection {
     context: ConnectionContext,
     peer: SocketAddr,
     channels: HashMap<u16, Channel>,
-    /// Channels with confirms to flush at the end of a read batch.
-    confirm_channels: Vec<u16>,
+    /// Channels that handled frames in the current read batch: their
+    /// confirms and counts are flushed at its end.
+    batch_channels: Vec<u16>,
     heartbeat: Option<Duration>,
     /// Queues this connection's consumers read from, for resuming deliveries
     /// after the output buffer drains.
@@ -205,7 +206,7 @@ pub async fn serve(
         },
         peer,
         channels: HashMap::new(),
-        confirm_channels: Vec::new(),
+        batch_channels: Vec::new(),
         heartbeat,
         consumer_queues,
         closing: false,
@@ -464,7 +465,7 @@ impl Connection {
                 Batch::CreditSpent => true,
                 Batch::Finished => return,
                 Batch::Unframed(error) => {
-                    self.flush_confirms();
+                    self.flush_batch();
                     self.start_close(&AmqpError::frame_error(error.to_string()), 0, 0);
                     // The stream is no longer framed: nothing more can be read.
                     drop(wake_batch);
@@ -472,13 +473,13 @@ impl Connection {
                     return;
                 }
                 Batch::AwaitChange(waiting) => {
-                    self.flush_confirms();
+                    self.flush_batch();
                     drop(wake_batch);
                     self.finish_change(waiting).await;
                     continue;
                 }
             };
-            self.flush_confirms();
+            self.flush_batch();
             drop(wake_batch);
             // A close started by these frames: what its channels held goes
             // back now, not once the client's close-ok arrives.
@@ -631,7 +632,9 @@ impl Connection {
             let Some(channel) = self.channels.get_mut(&waiting.channel_id) else {
                 return;
             };
-            if let Err(error) = then(channel, &self.context, applied) {
+            let outcome = then(channel, &self.context, applied);
+            channel.flush_counts();
+            if let Err(error) = outcome {
                 let (class_id, method_id) = waiting.method_ids;
                 if let Flow::CloseWith(error, class_id, method_id) =
                     self.channel_error(waiting.channel_id, error, (class_id, method_id))
@@ -893,18 +896,24 @@ impl Connection {
                 if let Err(error) = channel.flush_confirms(&self.context) {
                     failed.push((*channel_id, error));
                 }
+                channel.flush_counts();
             }
         }
         self.close_failed_commits(failed);
     }
 
-    fn flush_confirms(&mut self) {
+    /// The end of a read batch: the confirms and counts of the channels
+    /// that handled its frames.
+    fn flush_batch(&mut self) {
         let mut failed = Vec::new();
-        for channel_id in self.confirm_channels.drain(..) {
+        for channel_id in self.batch_channels.drain(..) {
             if let Some(channel) = self.channels.get_mut(&channel_id) {
-                if let Err(error) = channel.flush_confirms(&self.context) {
-                    failed.push((channel_id, error));
+                if channel.has_confirms() {
+                    if let Err(error) = channel.flush_confirms(&self.context) {
+                        failed.push((channel_id, error));
+                    }
                 }
+                channel.flush_counts();
             }
         }
         self.close_failed_commits(failed);
@@ -936,16 +945,12 @@ impl Connection {
                 } else {
                     self.handle_content_frame(frame)
                 };
-                // Any frame on a confirming channel may have completed a
-                // publish (its last content frame can come in a later read
-                // than its method): flush that channel's confirms at the end
-                // of this batch.
-                let confirming = self
-                    .channels
-                    .get(&channel_id)
-                    .is_some_and(Channel::has_confirms);
-                if confirming && !self.confirm_channels.contains(&channel_id) {
-                    self.confirm_channels.push(channel_id);
+                // Any frame may have completed a publish (its last content
+                // frame can come in a later read than its method) or
+                // settled deliveries: flush that channel's confirms and
+                // counts at the end of this batch.
+                if !self.batch_channels.contains(&channel_id) {
+                    self.batch_channels.push(channel_id);
                 }
                 flow
             }

@@ -19,8 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use amq_protocol::types::FieldTable;
-use sluice_core::counters::{Counter, MessageCounters, MessageCounts};
+use sluice_core::counters::{Counter, MessageCounts};
 use sluice_core::queue::ConnectionId;
+use sluice_core::vhost::counts::CountedChannel;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -100,7 +101,6 @@ pub struct Churn {
 /// message; what changes per message (the unacknowledged count) is read
 /// from its deliveries when asked.
 pub struct ChannelStatus {
-    pub counters: Arc<MessageCounters>,
     deliveries: Arc<ChannelDeliveries>,
     /// basic.qos global=false: the prefetch of consumers started next.
     consumer_prefetch: AtomicU32,
@@ -124,7 +124,7 @@ impl fmt::Debug for ChannelStatus {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("ChannelStatus")
-            .field("counters", &self.counters.counts())
+            .field("counts", &self.deliveries.counts())
             .finish_non_exhaustive()
     }
 }
@@ -132,7 +132,6 @@ impl fmt::Debug for ChannelStatus {
 impl ChannelStatus {
     pub fn new(deliveries: &Arc<ChannelDeliveries>) -> Arc<Self> {
         Arc::new(ChannelStatus {
-            counters: Arc::clone(deliveries.counters()),
             deliveries: Arc::clone(deliveries),
             consumer_prefetch: AtomicU32::new(0),
             confirm: AtomicBool::new(false),
@@ -165,7 +164,7 @@ impl ChannelStatus {
     fn snapshot(&self, channel_id: u16) -> ChannelCounts {
         ChannelCounts {
             channel_id,
-            counts: self.counters.counts(),
+            counts: self.deliveries.counts(),
             prefetch_count: self.consumer_prefetch.load(Ordering::Relaxed),
             global_prefetch_count: self.deliveries.channel_prefetch(),
             confirm: self.confirm.load(Ordering::Relaxed),

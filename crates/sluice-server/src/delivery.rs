@@ -12,11 +12,12 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use sluice_core::counters::{DeliveredBy, MessageCounters};
+use sluice_core::counters::{DeliveredBy, MessageCounters, MessageCounts};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::{Message, QueuedMessage};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, Queue};
 use sluice_core::reply_to::ReplySink;
+use sluice_core::vhost::counts::CountedChannel;
 use sluice_core::vhost::VirtualHost;
 use sluice_wire::encode::{encode_content, encode_deliver, encode_get_ok};
 
@@ -50,6 +51,9 @@ struct DeliveryState {
     /// Consumers the queue cancelled (queue deleted); the channel forgets
     /// their tags when it next handles a method.
     cancelled_by_queue: Vec<Arc<str>>,
+    /// The channel's deliveries, counted under this lock, which every
+    /// delivery takes anyway.
+    counts: MessageCounts,
     /// While the channel's own queue.delete is under way: the cancels its
     /// consumers get, written only after delete-ok, in RabbitMQ's order.
     held_cancels: Option<Vec<Arc<str>>>,
@@ -63,9 +67,11 @@ pub struct ChannelDeliveries {
     cancel_notify: bool,
     outbox: Arc<Outbox>,
     state: Mutex<DeliveryState>,
-    /// What happened to messages on this channel.
-    counters: Arc<MessageCounters>,
-    /// The vhost, whose counters the channel's deliveries add to.
+    /// What the channel counted on its publishing side (publishes,
+    /// confirms, acks), handed over once per read batch; its deliveries
+    /// are counted in `state`.
+    counters: MessageCounters,
+    /// The vhost, whose totals count this channel.
     vhost: Arc<VirtualHost>,
 }
 
@@ -82,7 +88,7 @@ impl ChannelDeliveries {
             frame_max,
             cancel_notify,
             outbox,
-            counters: Arc::new(MessageCounters::default()),
+            counters: MessageCounters::default(),
             vhost,
             state: Mutex::new(DeliveryState {
                 next_delivery_tag: 1,
@@ -92,26 +98,18 @@ impl ChannelDeliveries {
                 closed: false,
                 cancelled_by_queue: Vec::new(),
                 held_cancels: None,
+                counts: MessageCounts::default(),
             }),
         }
     }
 
-    pub fn counters(&self) -> &Arc<MessageCounters> {
+    /// Where the channel hands over what its publishing side counted.
+    pub fn counters(&self) -> &MessageCounters {
         &self.counters
     }
 
     pub fn vhost(&self) -> &Arc<VirtualHost> {
         &self.vhost
-    }
-
-    /// A message sent on this channel, counted here and in the vhost.
-    fn count_delivery(&self, message: &Message, redelivered: bool, how: DeliveredBy) {
-        let body_bytes = message.body_size();
-        self.counters.count_delivery(body_bytes, redelivered, how);
-        self.vhost
-            .counters()
-            .local()
-            .count_delivery(body_bytes, redelivered, how);
     }
 
     fn lock(&self) -> MutexGuard<'_, DeliveryState> {
@@ -218,8 +216,8 @@ impl ChannelDeliveries {
         let mut state = self.lock();
         let delivery_tag = state.next_delivery_tag;
         state.next_delivery_tag += 1;
-        self.count_delivery(
-            &entry.message,
+        state.counts.count_delivery(
+            entry.message.body_size(),
             entry.redelivered,
             DeliveredBy::Get { no_ack },
         );
@@ -380,6 +378,16 @@ fn unknown_delivery_tag(delivery_tag: u64) -> AmqpError {
     AmqpError::precondition_failed(format!("unknown delivery tag {delivery_tag}"))
 }
 
+impl CountedChannel for ChannelDeliveries {
+    /// Both sides of the channel: what its publishing side handed over,
+    /// and its deliveries.
+    fn counts(&self) -> MessageCounts {
+        let mut counts = self.counters.counts();
+        counts += self.lock().counts;
+        counts
+    }
+}
+
 impl DeliverySink for ChannelDeliveries {
     fn deliver(
         &self,
@@ -409,8 +417,8 @@ impl DeliverySink for ChannelDeliveries {
             return false;
         }
         state.next_delivery_tag += 1;
-        self.count_delivery(
-            &entry.message,
+        state.counts.count_delivery(
+            entry.message.body_size(),
             entry.redelivered,
             DeliveredBy::Consume {
                 no_ack: consumer.no_ack,
@@ -461,7 +469,11 @@ impl ReplySink for ChannelDeliveries {
         if written {
             state.next_delivery_tag += 1;
             // Reply consumers never acknowledge.
-            self.count_delivery(message, false, DeliveredBy::Consume { no_ack: true });
+            state.counts.count_delivery(
+                message.body_size(),
+                false,
+                DeliveredBy::Consume { no_ack: true },
+            );
         } else {
             tracing::debug!(
                 channel = self.channel_id,

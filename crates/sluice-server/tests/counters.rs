@@ -173,6 +173,14 @@ async fn counters_count_publishes_deliveries_acks_and_confirms_where_they_happen
         server.running().connections()[0].channels.len() == 1
     })
     .await;
+    // The vhost's totals are its channels' added up: what closed channels
+    // counted stays in them.
+    assert_eq!(vhost.counts(), expected_vhost);
     connection.close(200, "bye".into()).await.unwrap();
+    eventually("the closed connection is no longer listed", || {
+        server.running().connections().is_empty()
+    })
+    .await;
+    assert_eq!(vhost.counts(), expected_vhost);
     server.stop().await;
 }

@@ -114,7 +114,7 @@ impl ClassicQueue {
                 }
                 state.ready_bytes -= body_size;
                 state.resident_bytes.remove(body_size);
-                self.counters.count_delivery(
+                state.counts.count_delivery(
                     body_size as usize,
                     entry.redelivered,
                     DeliveredBy::Consume { no_ack },
@@ -168,7 +168,7 @@ impl ClassicQueue {
             self.unlock(state);
             return None;
         };
-        self.counters.count_delivery(
+        state.counts.count_delivery(
             entry.message.body_size(),
             entry.redelivered,
             DeliveredBy::Get { no_ack },

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use amq_protocol::types::AMQPValue;
 
 use crate::arguments::{as_strict_integer, MAX_PRIORITY_MAX};
-use crate::counters::{MessageCounters, MessageCounts};
+use crate::counters::MessageCounts;
 use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::AmqpResult;
 use crate::expiry::{deadline_of_wall_ms, QueueExpiry, NEVER};
@@ -134,8 +134,6 @@ pub struct ClassicQueue {
     /// `x-single-active-consumer`: only `consumers[0]` receives messages.
     /// A queue argument only, never a policy key, as in RabbitMQ 3.10.
     single_active_consumer: bool,
-    /// What happened to messages here, for the management API.
-    counters: MessageCounters,
     /// This queue, for the work that outlives a call: the pager's and the
     /// timer's, deliveries and the sync thread's signals.
     this: Weak<ClassicQueue>,
@@ -181,7 +179,6 @@ impl ClassicQueue {
             uncongested: tokio::sync::Notify::new(),
             host: spec.host,
             single_active_consumer,
-            counters: MessageCounters::default(),
             this: this.clone(),
         })
     }
@@ -358,11 +355,11 @@ impl Queue for ClassicQueue {
     }
 
     fn counts(&self) -> MessageCounts {
-        self.counters.counts()
+        self.lock().counts
     }
 
     fn count_get_empty(&self) {
-        self.counters.get_empty.add(1);
+        self.lock().counts.add(|counts| &mut counts.get_empty, 1);
     }
 
     fn message_count(&self) -> u32 {

@@ -48,7 +48,7 @@ impl ClassicQueue {
             return PublishOutcome::Rejected;
         };
         state.ready_bytes += body_size;
-        self.counters.count_publish(body_size as usize);
+        state.counts.count_publish(body_size as usize);
         let paged = self
             .page_out_location(&mut state, offset, &message, written_at)
             .map(|location| PagedMessage::new(offset, location, message.body_size(), false));
@@ -204,7 +204,7 @@ impl ClassicQueue {
         {
             if let Some(dropped) = state.take_resident() {
                 state.forget([&dropped]);
-                self.counters.dropped.add(1);
+                state.counts.add(|counts| &mut counts.dropped, 1);
                 if state.rules.dead_letter.is_some() {
                     state.dead_letters.push(DeadLetter {
                         message: dropped.message,

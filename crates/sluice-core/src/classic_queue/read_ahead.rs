@@ -102,7 +102,7 @@ impl ClassicQueue {
             }
         }
         state.forget_paged([&paged]);
-        self.counters.dropped.add(1);
+        state.counts.add(|counts| &mut counts.dropped, 1);
         true
     }
 

@@ -28,8 +28,8 @@ impl ClassicQueue {
             };
             state.forget([&entry]);
             match settled_as {
-                None => self.counters.acked.add(1),
-                Some(_) => self.counters.dropped.add(1),
+                None => state.counts.add(|counts| &mut counts.acked, 1),
+                Some(_) => state.counts.add(|counts| &mut counts.dropped, 1),
             }
             if let Some(reason) = dead {
                 state.dead_letters.push(DeadLetter {
@@ -88,7 +88,9 @@ impl ClassicQueue {
     pub(super) fn purge_ready(&self) -> u32 {
         let mut state = self.lock();
         let purged = state.ready_count() as u32;
-        self.counters.dropped.add(u64::from(purged));
+        state
+            .counts
+            .add(|counts| &mut counts.dropped, u64::from(purged));
         let ready = state.ready.take_all();
         state.forget(&ready);
         let paged = std::mem::take(&mut state.paged);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::rules::QueueRules;
 use super::unacked::Unacked;
+use crate::counters::MessageCounts;
 use crate::dead_letter::DeadLetter;
 use crate::expiry::NEVER;
 use crate::message::QueuedMessage;
@@ -73,6 +74,9 @@ pub(super) struct QueueState {
     pub(super) used_at_us: u64,
     /// Messages to dead-letter once the lock is released.
     pub(super) dead_letters: Vec<DeadLetter>,
+    /// What happened to messages here, for the management API: counted
+    /// under the lock the message path holds anyway.
+    pub(super) counts: MessageCounts,
 }
 
 impl QueueState {

@@ -130,7 +130,7 @@ impl ClassicQueue {
                     break;
                 };
                 state.forget([&entry]);
-                self.counters.dropped.add(1);
+                state.counts.add(|counts| &mut counts.dropped, 1);
                 if state.rules.dead_letter.is_some() {
                     state.dead_letters.push(DeadLetter {
                         message: entry.message,

@@ -10,6 +10,7 @@
 //!   effective settings policies give its queues and exchanges.
 
 mod connection_slot;
+pub mod counts;
 mod metadata_apply;
 mod policy_apply;
 mod publish;
@@ -33,7 +34,7 @@ use crate::arguments::{
     check_equivalence, check_exchange_name_argument, check_queue_arguments, inequivalent_flag,
     EXCHANGE_EQUIVALENCE_KEYS, QUEUE_EQUIVALENCE_KEYS,
 };
-use crate::counters::{MessageCounts, ShardedCounters};
+use crate::counters::MessageCounts;
 use crate::definitions::DefinitionStore;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Binding, Destination, ExchangeKind, RoutingTable};
@@ -45,6 +46,7 @@ use crate::queue::{same_queue, ConnectionId, Consumer, Queue, QueueHost, QueueOp
 use crate::queue_factory::QueueSpec;
 use crate::queue_location::QueueLocator;
 use crate::reply_to::ReplyRegistry;
+use counts::VhostCounts;
 use topology::{TopologyVersion, TopologyWrite};
 
 pub struct Exchange {
@@ -148,9 +150,8 @@ pub struct VirtualHost {
     /// Moves on with every change to exchanges, queues or bindings, so
     /// that publishers' cached routes are computed again.
     topology: TopologyVersion,
-    /// What happened to messages in this vhost: publishes counted by the
-    /// pipeline, deliveries, acks and confirms by the channels.
-    counters: ShardedCounters,
+    /// What happened to messages in this vhost: its channels' counts.
+    counts: VhostCounts,
     /// This node: the home of the queues declared through it.
     node: NodeIdentity,
     /// Where changes the vhost decides itself (an expired queue, an
@@ -228,7 +229,7 @@ impl VirtualHost {
             dead_letter_warnings: Mutex::new(HashSet::new()),
             reply_to: services.reply_to,
             topology: TopologyVersion::default(),
-            counters: ShardedCounters::default(),
+            counts: VhostCounts::default(),
             node: services.node,
             metadata: services.metadata,
             queue_locator: services.queue_locator,
@@ -261,14 +262,14 @@ impl VirtualHost {
         vhost
     }
 
-    /// Where channels count what happens to this vhost's messages.
-    pub fn counters(&self) -> &ShardedCounters {
-        &self.counters
+    /// The channels that count what happens to this vhost's messages.
+    pub fn counted_channels(&self) -> &VhostCounts {
+        &self.counts
     }
 
     /// What happened to this vhost's messages so far.
     pub fn counts(&self) -> MessageCounts {
-        self.counters.counts()
+        self.counts.counts()
     }
 
     /// The exchange table, to change it: the topology version moves on

@@ -112,11 +112,11 @@ impl VirtualHost {
         Ok(cached.as_mut().expect("set above"))
     }
 
-    /// Routes `message`, published to the exchange named `exchange_name`
-    /// (with basic.publish's `mandatory`, for the counts), and enqueues it
-    /// into every queue it lands in. Queues that are
+    /// Routes `message`, published to the exchange named `exchange_name`,
+    /// and enqueues it into every queue it lands in. Queues that are
     /// congested after taking it are added to `congested` (each once): the
-    /// publisher's connection pauses until they drain.
+    /// publisher's connection pauses until they drain. The caller counts
+    /// the publish (see [`crate::vhost::counts`]).
     ///
     /// # Errors
     /// 404 or 403 for the exchange (see [`Self::check_publish_exchange`]);
@@ -126,7 +126,6 @@ impl VirtualHost {
         &self,
         exchange_name: &[u8],
         message: Arc<Message>,
-        mandatory: bool,
         scratch: &mut PublishScratch,
         congested: &mut Vec<Arc<dyn Queue>>,
     ) -> AmqpResult<Published> {
@@ -165,13 +164,6 @@ impl VirtualHost {
             }
         }
         let (ticket, routed) = enqueue(&message, queues, congested, &mut scratch.replicated);
-        let counters = self.counters.local();
-        counters.count_publish(message.body_size());
-        match (routed, mandatory) {
-            (true, _) => counters.routed.add(1),
-            (false, true) => counters.returned_unroutable.add(1),
-            (false, false) => counters.dropped_unroutable.add(1),
-        }
         Ok(Published {
             message,
             routed,

@@ -61,9 +61,8 @@ impl Channel {
         others_wait: bool,
     ) {
         if requeue.is_none() {
-            let acked = settled.len() as u64;
-            self.deliveries.counters().acked.add(acked);
-            self.deliveries.vhost().counters().local().acked.add(acked);
+            self.unflushed
+                .add(|counts| &mut counts.acked, settled.len() as u64);
         }
         let mut dispatched = std::mem::take(&mut self.dispatched_scratch);
         if requeue == Some(true) {

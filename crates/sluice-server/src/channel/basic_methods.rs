@@ -153,9 +153,8 @@ impl Channel {
 
     /// basic.get-empty, counted where RabbitMQ counts it: the channel, the
     /// vhost and the queue.
-    fn get_empty(&self, context: &ConnectionContext, queue: &Arc<dyn Queue>) {
-        self.deliveries.counters().get_empty.add(1);
-        context.vhost.counters().local().get_empty.add(1);
+    fn get_empty(&mut self, context: &ConnectionContext, queue: &Arc<dyn Queue>) {
+        self.unflushed.add(|counts| &mut counts.get_empty, 1);
         queue.count_get_empty();
         self.reply(
             context,

@@ -2,6 +2,7 @@
 //! once the confirm tickets of a run of publishes complete.
 
 use sluice_core::confirm::ConfirmStatus;
+use sluice_core::counters::MessageCounts;
 use sluice_core::error::AmqpResult;
 use sluice_wire::encode::encode_confirm;
 
@@ -28,14 +29,13 @@ impl Channel {
         let Some(confirms) = self.confirms.as_mut() else {
             return Ok(());
         };
-        let counters = self.deliveries.counters();
-        let write_acks = |confirms: &mut Confirms| {
+        let counts = &mut self.unflushed;
+        let write_acks = |confirms: &mut Confirms, counts: &mut MessageCounts| {
             if confirms.confirmed_through == confirms.sent_through {
                 return;
             }
             let confirmed = confirms.confirmed_through - confirms.sent_through;
-            counters.confirmed.add(confirmed);
-            context.vhost.counters().local().confirmed.add(confirmed);
+            counts.add(|counts| &mut counts.confirmed, confirmed);
             let multiple = confirmed > 1;
             let delivery_tag = confirms.confirmed_through;
             confirms.sent_through = confirms.confirmed_through;
@@ -49,12 +49,11 @@ impl Channel {
                 // Acks for earlier publishes go out first, so that a
                 // multiple ack never covers this nack.
                 let sequence = front.sequence;
-                write_acks(confirms);
+                write_acks(confirms, counts);
                 context
                     .outbox
                     .append(|out| encode_confirm(out, channel_id, sequence, false, false));
-                counters.refused.add(1);
-                context.vhost.counters().local().refused.add(1);
+                counts.add(|counts| &mut counts.refused, 1);
                 confirms.confirmed_through = sequence;
                 confirms.sent_through = sequence;
             } else if status == ConfirmStatus::Confirmed {
@@ -64,7 +63,7 @@ impl Channel {
             }
             confirms.waiting.pop_front();
         }
-        write_acks(confirms);
+        write_acks(confirms, counts);
         Ok(())
     }
 }

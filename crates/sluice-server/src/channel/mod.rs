@@ -31,9 +31,11 @@ use std::sync::Arc;
 use amq_protocol::protocol::{channel, confirm, AMQPClass};
 use bytes::Bytes;
 use sluice_core::confirm::ConfirmTicket;
+use sluice_core::counters::{flush_counts, MessageCounts};
 use sluice_core::error::{AmqpError, AmqpResult};
 use sluice_core::message::Message;
 use sluice_core::queue::{MessageId, Queue};
+use sluice_core::vhost::counts::{CountedChannel, CountedKey};
 use sluice_core::vhost::PublishScratch;
 use sluice_wire::content::ContentHeader;
 use sluice_wire::encode::encode_control;
@@ -162,6 +164,13 @@ pub struct Channel {
     settled_scratch: Vec<Unacked>,
     dispatched_scratch: Vec<Arc<dyn Queue>>,
     message_ids_scratch: Vec<MessageId>,
+    /// What the publishing side counted (publishes, confirms, acks) since
+    /// the connection last flushed it into `deliveries.counters()`: plain
+    /// integers, as only the connection's task touches a channel, handed
+    /// over once per read batch rather than an atomic add per message.
+    unflushed: MessageCounts,
+    /// This channel among its vhost's counted channels, until it drops.
+    counted_key: Option<CountedKey>,
 }
 
 /// Where an error arose, for the class and method ids of the close.
@@ -176,6 +185,10 @@ impl Channel {
             Arc::clone(&context.outbox),
             Arc::clone(&context.vhost),
         ));
+        let counted_key = context
+            .vhost
+            .counted_channels()
+            .register(&(Arc::clone(&deliveries) as Arc<dyn CountedChannel>));
         let status = ChannelStatus::new(&deliveries);
         context.stats.channel_opened(id, Arc::clone(&status));
         Channel {
@@ -201,7 +214,15 @@ impl Channel {
             settled_scratch: Vec::new(),
             dispatched_scratch: Vec::new(),
             message_ids_scratch: Vec::new(),
+            unflushed: MessageCounts::default(),
+            counted_key: Some(counted_key),
         }
+    }
+
+    /// Hands what the publishing side counted to the counters readers see:
+    /// at the end of each read batch, and when the channel drops.
+    pub fn flush_counts(&mut self) {
+        flush_counts(&mut self.unflushed, self.deliveries.counters());
     }
 
     fn reply(&self, context: &ConnectionContext, class: AMQPClass) {
@@ -405,5 +426,15 @@ impl Channel {
         }
         self.content = None;
         self.tx = None;
+    }
+}
+
+impl Drop for Channel {
+    /// What the channel counted stays in its vhost's totals.
+    fn drop(&mut self) {
+        self.flush_counts();
+        if let Some(key) = self.counted_key.take() {
+            self.deliveries.vhost().counted_channels().retire(key);
+        }
     }
 }

@@ -227,23 +227,17 @@ impl Channel {
         let published = context.vhost.publish(
             &publish.exchange,
             message,
-            publish.mandatory,
             &mut self.publish_scratch,
             &mut self.congested_queues,
         )?;
         for (queue, confirm) in self.publish_scratch.take_replicated() {
             self.soft_limit_reached |= self.quorum_commands.record(&queue, confirm);
         }
-        let counters = self.deliveries.counters();
-        counters.count_publish(published.message.body_size());
+        let counts = &mut self.unflushed;
+        counts.count_publish(published.message.body_size());
+        counts.count_routing(published.routed, publish.mandatory);
         if self.confirms.is_some() {
-            counters.received_confirm.add(1);
-            context.vhost.counters().local().received_confirm.add(1);
-        }
-        match (published.routed, publish.mandatory) {
-            (true, _) => counters.routed.add(1),
-            (false, true) => counters.returned_unroutable.add(1),
-            (false, false) => counters.dropped_unroutable.add(1),
+            counts.add(|counts| &mut counts.received_confirm, 1);
         }
         if !published.routed && publish.mandatory {
             let message = &published.message;

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use sluice_core::counters::MessageCounts;
 use sluice_core::queue_type::QueueType;
 
 use super::auth::Caller;
@@ -188,7 +189,13 @@ async fn aliveness_test(
         body: bytes::Bytes::from_static(b"test_message"),
     });
     let mut scratch = sluice_core::vhost::PublishScratch::default();
-    vhost.publish(b"", message, false, &mut scratch, &mut Vec::new())?;
+    let body_bytes = message.body_size();
+    let published = vhost.publish(b"", message, &mut scratch, &mut Vec::new())?;
+    vhost.counted_channels().add(MessageCounts::of_publish(
+        body_bytes,
+        published.routed,
+        false,
+    ));
     let queue = queue_ops::find(&state, &vhost_name, QUEUE)?;
     match queue_ops::get(&queue).await? {
         Some((entry, _)) => {

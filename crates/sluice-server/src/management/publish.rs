@@ -13,6 +13,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use sluice_core::access::{Permission, ResourceKind};
+use sluice_core::counters::MessageCounts;
 use sluice_core::error::AmqpError;
 use sluice_core::message::Message;
 use sluice_core::queue::forwarding::Settlement;
@@ -101,15 +102,17 @@ pub async fn publish(
     });
     let mut scratch = PublishScratch::default();
     let mut congested = Vec::new();
+    let body_bytes = message.body_size();
     let published = vhost
-        .publish(
-            exchange.as_bytes(),
-            message,
-            false,
-            &mut scratch,
-            &mut congested,
-        )
+        .publish(exchange.as_bytes(), message, &mut scratch, &mut congested)
         .map_err(ApiError::from_channel)?;
+    // Counted as RabbitMQ counts it, on the vhost (there, on the API's
+    // internal channel).
+    vhost.counted_channels().add(MessageCounts::of_publish(
+        body_bytes,
+        published.routed,
+        false,
+    ));
     Ok(Json(json!({"routed": published.routed})))
 }
 

@@ -535,7 +535,7 @@ impl MetricsSources {
     fn global_counters(&self, families: &mut Vec<Family>) {
         let mut counts = MessageCounts::default();
         for vhost in self.broker.vhosts() {
-            counts += vhost.counters().counts();
+            counts += vhost.counts();
         }
         let protocol = || vec![("protocol".to_owned(), "amqp091".to_owned())];
         for (name, help, value) in [
