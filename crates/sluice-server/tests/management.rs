@@ -343,6 +343,21 @@ async fn management_api_declares_publishes_gets_and_deletes_what_clients_see() {
         (Some(0), Some(3))
     );
     assert_eq!(stats["redeliver"], 1);
+    // The vhost holds what its queues hold, and counts every publish, the
+    // client's and the API's two (one routed nowhere).
+    let vhost = get(&server, "/api/vhosts/%2F").await;
+    assert_eq!(
+        (
+            vhost["messages"].as_u64(),
+            vhost["messages_ready"].as_u64(),
+            vhost["messages_unacknowledged"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0))
+    );
+    assert_eq!(vhost["message_stats"]["publish"], 3);
+    assert_eq!(vhost["message_stats"]["drop_unroutable"], 1);
+    let overview = get(&server, "/api/overview").await;
+    assert_eq!(overview["queue_totals"]["messages_ready"], 1);
     let purged = request(
         &server,
         "DELETE",
@@ -643,6 +658,54 @@ async fn management_api_definitions_export_and_import_round_trip() {
     ] {
         assert_eq!(round_tripped[section], exported[section], "{section}");
     }
+    // Into one vhost: its kinds of definitions land there, whatever vhost
+    // they name; users and vhosts are left alone.
+    let into_vhost = json!({
+        "users": [{"name": "ignored", "password_hash": "", "tags": []}],
+        "vhosts": [{"name": "ignored"}],
+        "queues": [{"name": "archive", "vhost": "elsewhere", "durable": true, "auto_delete": false, "arguments": {}}],
+        "exchanges": [{"name": "archived", "vhost": "elsewhere", "type": "fanout", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}],
+        "bindings": [{"source": "archived", "vhost": "elsewhere", "destination": "archive", "destination_type": "queue", "routing_key": "", "arguments": {}}],
+    });
+    let imported = request(
+        &target,
+        "POST",
+        "/api/definitions/billing",
+        GUEST,
+        Some(into_vhost.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(imported.status, 204, "{}", imported.body);
+    let billing = get(&target, "/api/definitions/billing").await;
+    let queue_names: Vec<&str> = billing["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|queue| queue["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(queue_names, ["archive", "invoices.eu"]);
+    assert_eq!(billing["bindings"].as_array().unwrap().len(), 2);
+    let users = get(&target, "/api/users").await;
+    assert!(!users.to_string().contains("ignored"));
+    assert_eq!(
+        get(&target, "/api/vhosts").await.as_array().unwrap().len(),
+        2
+    );
+    let unknown = request(
+        &target,
+        "POST",
+        "/api/definitions/nowhere",
+        GUEST,
+        Some(into_vhost),
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(
+        unknown.body,
+        json!({"error": "not_found", "reason": "vhost_not_found"})
+    );
     // The imported password hash logs in.
     let uri = format!("amqp://accountant:test12@{}/billing", target.address);
     let login = lapin::Connection::connect(&uri, Default::default()).await;

@@ -18,7 +18,7 @@ use super::body::JsonObject;
 use super::change;
 use super::error::{ApiError, ApiResult};
 use super::list_query::{ListQuery, SORT_PERMISSIONS};
-use super::rates::{message_stats, RateKey};
+use super::rates::{message_stats, with_rate, RateKey};
 use super::ManagementState;
 
 pub fn routes() -> Router<Arc<ManagementState>> {
@@ -44,12 +44,17 @@ pub fn routes() -> Router<Arc<ManagementState>> {
         )
 }
 
-fn vhost_json(state: &ManagementState, name: &str) -> Value {
+async fn vhost_json(state: &ManagementState, name: &str) -> Value {
     let vhost = state.broker.vhost(name);
     let counts = vhost
         .as_ref()
         .map(|vhost| vhost.counts())
         .unwrap_or_default();
+    let queues = vhost
+        .as_ref()
+        .map(|vhost| vhost.queues())
+        .unwrap_or_default();
+    let totals = super::queues::totals(queues).await;
     let rates = state.rates.rates(&RateKey::Vhost(name.to_owned()));
     let local = state.broker.node().name.to_string();
     let cluster_state: serde_json::Map<String, Value> = state
@@ -62,7 +67,7 @@ fn vhost_json(state: &ManagementState, name: &str) -> Value {
             (node, json!(if running { "running" } else { "nodedown" }))
         })
         .collect();
-    json!({
+    let mut object = json!({
         "name": name,
         "description": "",
         "tags": [],
@@ -70,7 +75,18 @@ fn vhost_json(state: &ManagementState, name: &str) -> Value {
         "tracing": false,
         "cluster_state": cluster_state,
         "message_stats": message_stats(&counts, &rates),
-    })
+    });
+    let fields = object.as_object_mut().expect("built as an object");
+    let (ready, unacked) = (totals.messages_ready, totals.messages_unacknowledged);
+    with_rate(
+        fields,
+        "messages",
+        ready + unacked,
+        rates.gauges[0] + rates.gauges[1],
+    );
+    with_rate(fields, "messages_ready", ready, rates.gauges[0]);
+    with_rate(fields, "messages_unacknowledged", unacked, rates.gauges[1]);
+    object
 }
 
 async fn vhosts(
@@ -78,13 +94,12 @@ async fn vhosts(
     caller: Caller,
     Query(query): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let listed = state
-        .broker
-        .vhosts()
-        .iter()
-        .filter(|vhost| caller.lists_vhost(&vhost.name))
-        .map(|vhost| vhost_json(&state, &vhost.name))
-        .collect();
+    let mut listed = Vec::new();
+    for vhost in state.broker.vhosts() {
+        if caller.lists_vhost(&vhost.name) {
+            listed.push(vhost_json(&state, &vhost.name).await);
+        }
+    }
     Ok(Json(query.apply(listed)?))
 }
 
@@ -99,7 +114,7 @@ async fn vhost(
     if state.broker.vhost(&name).is_none() {
         return Err(ApiError::not_found());
     }
-    Ok(Json(vhost_json(&state, &name)))
+    Ok(Json(vhost_json(&state, &name).await))
 }
 
 async fn put_vhost(

@@ -29,7 +29,10 @@ use crate::handshake::RABBITMQ_VERSION_FOLLOWED;
 pub fn routes() -> Router<Arc<ManagementState>> {
     Router::new()
         .route("/api/definitions", get(export).post(import))
-        .route("/api/definitions/{vhost}", get(export_vhost))
+        .route(
+            "/api/definitions/{vhost}",
+            get(export_vhost).post(import_vhost),
+        )
 }
 
 /// Exchanges that exist in every vhost from the start, left out of exports.
@@ -182,8 +185,59 @@ async fn import(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     caller.require_administrator()?;
+    apply(&state, &caller, &body).await
+}
+
+/// The kinds of definitions an import into one vhost takes, as RabbitMQ's
+/// `apply_defs` for a vhost: users, vhosts and permissions are left alone.
+const VHOST_DEFINITIONS: [&str; 5] = ["exchanges", "parameters", "policies", "queues", "bindings"];
+
+/// An import into the vhost of the path: what the body defines of
+/// [`VHOST_DEFINITIONS`] lands there, whatever vhost each item names.
+async fn import_vhost(
+    State(state): State<Arc<ManagementState>>,
+    caller: Caller,
+    Path(vhost_name): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    caller.require_administrator()?;
+    if state.broker.vhost(&vhost_name).is_none() {
+        return Err(ApiError::not_found_because("vhost_not_found"));
+    }
+    let Ok(Value::Object(definitions)) = serde_json::from_slice::<Value>(&body) else {
+        return Err(ApiError::bad_request("failed_to_parse_json"));
+    };
+    let mut for_vhost = serde_json::Map::new();
+    for kind in VHOST_DEFINITIONS {
+        let Some(Value::Array(items)) = definitions.get(kind) else {
+            continue;
+        };
+        let items = items
+            .iter()
+            .map(|item| {
+                let mut item = item.clone();
+                if let Value::Object(fields) = &mut item {
+                    fields.insert("vhost".to_owned(), json!(vhost_name));
+                }
+                item
+            })
+            .collect();
+        for_vhost.insert(kind.to_owned(), Value::Array(items));
+    }
+    let body = serde_json::to_vec(&Value::Object(for_vhost)).expect("JSON values serialize");
+    apply(&state, &caller, &body).await
+}
+
+/// Parses definitions and proposes them, in order; the first change
+/// refused stops it. The changes are proposed by a task of their own: a
+/// client that hangs up mid-import does not leave it half applied.
+async fn apply(
+    state: &Arc<ManagementState>,
+    caller: &Caller,
+    body: &[u8],
+) -> ApiResult<StatusCode> {
     let loaded =
-        parse_definitions(&body, FilePath::new("the imported definitions")).map_err(|error| {
+        parse_definitions(body, FilePath::new("the imported definitions")).map_err(|error| {
             match error {
                 DefinitionsFileError::Parse { .. } => ApiError::bad_request("failed_to_parse_json"),
                 other => ApiError::bad_request(error_chain(&other)),
@@ -192,8 +246,19 @@ async fn import(
     let node = state.broker.node().clone();
     let commands = loaded.metadata_commands(&node);
     tracing::info!(commands = commands.len(), by = %caller.user, "importing definitions through the management API");
-    for command in commands {
-        state.broker.metadata.propose(command).await?;
+    let state = Arc::clone(state);
+    let proposed = tokio::spawn(async move {
+        for command in commands {
+            state.broker.metadata.propose(command).await?;
+        }
+        Ok::<_, sluice_core::error::AmqpError>(())
+    });
+    match proposed.await {
+        Ok(result) => result?,
+        Err(error) => {
+            tracing::error!(%error, "the definitions import failed");
+            return Err(ApiError::internal("the definitions import failed"));
+        }
     }
     Ok(StatusCode::NO_CONTENT)
 }

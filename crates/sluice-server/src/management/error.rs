@@ -30,6 +30,16 @@ impl ApiError {
         }
     }
 
+    /// A 404 a handler answers itself, with its reason, as RabbitMQ's
+    /// `rabbit_mgmt_util:not_found/3` (`vhost_not_found`).
+    pub fn not_found_because(reason: &'static str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            error: "not_found",
+            reason: Value::from(reason),
+        }
+    }
+
     /// A path naming a vhost that does not exist, in a change.
     pub fn vhost_not_found() -> Self {
         ApiError {

@@ -41,24 +41,19 @@ fn exchange_types_json() -> Value {
 async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> Json<Value> {
     let node = state.broker.node().name.to_string();
     let mut counts = MessageCounts::default();
-    let (mut queues, mut exchanges, mut consumers) = (0u64, 0u64, 0u64);
-    let (mut ready, mut unacked) = (0u64, 0u64);
+    let mut exchanges = 0u64;
+    let mut queues = Vec::new();
     for vhost in state.broker.vhosts() {
         if !caller.sees_vhost(&vhost.name) {
             continue;
         }
         counts += vhost.counts();
         exchanges += vhost.exchanges().len() as u64;
-        for queue in vhost.queues() {
-            queues += 1;
-            let Some(stats) = super::queue_ops::stats_here(&queue) else {
-                continue;
-            };
-            consumers += stats.consumers as u64;
-            ready += stats.messages_ready as u64;
-            unacked += stats.messages_unacknowledged;
-        }
+        queues.extend(vhost.queues());
     }
+    let queue_count = queues.len();
+    let totals = super::queues::totals(queues).await;
+    let (ready, unacked) = (totals.messages_ready, totals.messages_unacknowledged);
     let rates = state.rates.rates(&RateKey::Node);
     let activity = super::peers::cluster_activity(&state).await;
     let visible = |items: &[Value]| {
@@ -126,9 +121,9 @@ async fn overview(State(state): State<Arc<ManagementState>>, caller: Caller) -> 
         "object_totals": {
             "channels": channels,
             "connections": connections,
-            "consumers": consumers,
+            "consumers": totals.consumers,
             "exchanges": exchanges,
-            "queues": queues,
+            "queues": queue_count,
         },
         "statistics_db_event_queue": 0,
         "node": node,

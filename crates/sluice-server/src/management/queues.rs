@@ -66,6 +66,28 @@ async fn counts(queue: &Arc<dyn Queue>) -> Option<QueueStats> {
         .ok()
 }
 
+/// Messages and consumers of some queues, added up.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueTotals {
+    pub messages_ready: u64,
+    pub messages_unacknowledged: u64,
+    pub consumers: u64,
+}
+
+/// What `queues` hold, wherever each is held: the home nodes of remote
+/// classic queues are asked at once; a queue whose node cannot answer adds
+/// nothing, as it is listed down.
+pub async fn totals(queues: Vec<Arc<dyn Queue>>) -> QueueTotals {
+    let counted = futures_util::future::join_all(queues.iter().map(counts)).await;
+    let mut totals = QueueTotals::default();
+    for stats in counted.into_iter().flatten() {
+        totals.messages_ready += u64::from(stats.messages_ready);
+        totals.messages_unacknowledged += stats.messages_unacknowledged;
+        totals.consumers += u64::from(stats.consumers);
+    }
+    totals
+}
+
 fn queue_json(
     state: &ManagementState,
     vhost: &VirtualHost,
