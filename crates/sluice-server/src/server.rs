@@ -182,7 +182,9 @@ impl RunningServer {
         // Write what the last publishes buffered before the process goes.
         let group_commit = self.group_commit;
         let store = self.store;
+        let wal = Arc::clone(self.quorum_groups.consensus.wal());
         let _ = tokio::task::spawn_blocking(move || {
+            wal.stop();
             store.stop();
             group_commit.stop();
         })

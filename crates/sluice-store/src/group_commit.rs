@@ -976,10 +976,12 @@ impl GroupCommit {
             if thread.thread().id() == std::thread::current().id() {
                 return;
             }
+            let name = thread.thread().name().unwrap_or("sync").to_owned();
             let _ = thread.join();
             let fsyncs = self.stats.fsyncs.load(Ordering::Relaxed);
             let durable_appends = self.stats.durable_appends.load(Ordering::Relaxed);
             tracing::info!(
+                thread = name,
                 fsyncs,
                 durable_appends,
                 appends_per_fsync = durable_appends as f64 / fsyncs.max(1) as f64,

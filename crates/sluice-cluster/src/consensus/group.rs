@@ -148,6 +148,11 @@ pub struct ConsensusNode {
 }
 
 impl ConsensusNode {
+    /// The node's write-ahead log, to stop it last.
+    pub fn wal(&self) -> &Arc<Wal> {
+        &self.wal
+    }
+
     pub fn new(links: Option<Arc<Links>>, wal: Arc<Wal>) -> Arc<ConsensusNode> {
         Arc::new(ConsensusNode {
             wal,

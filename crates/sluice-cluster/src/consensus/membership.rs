@@ -62,16 +62,35 @@ impl ConsensusNode {
             ));
         };
         let deadline = Instant::now() + timeout;
+        // A removal the leader failed may still have been made: a leader
+        // that removes itself steps down as the change commits, and may
+        // answer with an error. It is asked again, of the members, until
+        // the deadline: one that no longer counts the member answers done.
+        // What the last refusal said is the answer should none agree.
+        let retries_refusals = matches!(change, MemberChange::Remove { .. });
+        let mut last_refusal = None;
+        let mut refused = |reason: String| {
+            if retries_refusals {
+                tracing::debug!(group, %reason, "a member removal failed; asking again");
+                last_refusal = Some(reason);
+                None
+            } else {
+                Some(MembershipError::Refused(reason))
+            }
+        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(MembershipError::Timeout(timeout));
+                return Err(last_refusal
+                    .map_or(MembershipError::Timeout(timeout), MembershipError::Refused));
             }
             if let Some(endpoint) = transport.endpoint(group) {
                 match change_on_leader(&endpoint.raft, &change, left).await {
                     Ok(()) => return Ok(()),
                     Err(ProposeRefusal::Failed(reason)) => {
-                        return Err(MembershipError::Refused(reason))
+                        if let Some(error) = refused(reason) {
+                            return Err(error);
+                        }
                     }
                     Err(ProposeRefusal::NotLeader) => {}
                 }
@@ -82,7 +101,9 @@ impl ConsensusNode {
                 match transport.request(member, group, request, left).await {
                     Ok(Response::MembershipChanged(Ok(()))) => return Ok(()),
                     Ok(Response::MembershipChanged(Err(ProposeRefusal::Failed(reason)))) => {
-                        return Err(MembershipError::Refused(reason))
+                        if let Some(error) = refused(reason) {
+                            return Err(error);
+                        }
                     }
                     Ok(_)
                     | Err(TransportError::Unreachable(_) | TransportError::NoGroup(_))

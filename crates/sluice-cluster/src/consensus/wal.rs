@@ -233,6 +233,15 @@ impl Wal {
     }
 }
 
+impl Wal {
+    /// Writes what the WAL holds, stops its sync thread and logs its group
+    /// commit totals; once every group is stopped, as the node stops.
+    /// Blocks until the thread is done.
+    pub fn stop(&self) {
+        self.syncing.stop();
+    }
+}
+
 impl Drop for Wal {
     /// Writes what the WAL holds and stops its sync thread.
     fn drop(&mut self) {
