@@ -377,7 +377,7 @@ const MEMORY_TRIM_FRACTION: f64 = 0.8;
 const MEMORY_TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Returns the allocator's free memory to the system (glibc's `malloc_trim`).
-fn return_free_memory() {
+pub(crate) fn return_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free pages of the allocator's own
     // arenas; it touches no memory the program holds.

@@ -1,6 +1,8 @@
 //! Idle quorum queues cost nothing: a group member that saw no entry for
 //! [`HIBERNATE_AFTER`] turns its timers off (no heartbeats, no election
-//! timeouts: no wake-ups at all). It wakes when it applies an entry, when
+//! timeouts: no wake-ups at all), and at the next sweep compacts its log
+//! and parks its Raft node, which then holds no memory beyond its log and
+//! state machine (`RaftGroup::park`). It wakes when it applies an entry, when
 //! it leads and a client proposes one, and when a peer goes down or comes
 //! back while that peer leads it, or it leads, or it knows no leader: then
 //! a dead leader is replaced and a returning member is caught up. A
@@ -74,17 +76,51 @@ impl Activity {
         }
     }
 
+    /// Puts the member to sleep once idle, and parks it at a later sweep;
+    /// one started again while asleep (by a peer's message, a proposal)
+    /// parks again.
     fn sleep_if_idle(&self) {
         let idle = self
             .now_ms()
             .saturating_sub(self.last_ms.load(Ordering::Relaxed));
-        if idle < HIBERNATE_AFTER.as_millis() as u64 || self.asleep.load(Ordering::Relaxed) {
+        if idle < HIBERNATE_AFTER.as_millis() as u64 {
             return;
         }
-        if let Some(group) = self.group.get().and_then(Weak::upgrade) {
+        let Some(group) = self.group.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        if !self.asleep.load(Ordering::Relaxed) {
             self.asleep.store(true, Ordering::Release);
             group.hibernate();
+        } else if group.runs_while_asleep() {
+            group.park();
         }
+    }
+}
+
+/// What parked members let go of goes back to the system: glibc keeps
+/// freed memory in its arenas, and a thousand members parking free a
+/// hundred megabytes, scattered between what stays. Once the parks of a
+/// wave are over (a sweep with none), the allocator is trimmed, once.
+#[derive(Default)]
+struct ParkedMemory {
+    /// Parks seen at the last sweep, and at the last trim.
+    seen: u64,
+    trimmed: u64,
+}
+
+impl ParkedMemory {
+    fn return_if_settled(&mut self) {
+        let parked = sluice_cluster::consensus::parked_total();
+        if parked == self.seen && parked != self.trimmed {
+            crate::alarm::return_free_memory();
+            tracing::info!(
+                parked = parked - self.trimmed,
+                "idle quorum queue members parked; their memory returned"
+            );
+            self.trimmed = parked;
+        }
+        self.seen = parked;
     }
 }
 
@@ -95,6 +131,7 @@ pub type RunningGroups = Arc<Mutex<HashMap<u64, (Arc<RaftGroup>, Arc<Activity>)>
 pub fn start(running: &RunningGroups, links: Option<&Arc<Links>>) {
     let weak = Arc::downgrade(running);
     tokio::spawn(async move {
+        let mut parks = ParkedMemory::default();
         loop {
             tokio::time::sleep(SWEEP_EVERY).await;
             let Some(running) = weak.upgrade() else {
@@ -107,6 +144,7 @@ pub fn start(running: &RunningGroups, links: Option<&Arc<Links>>) {
             for activity in members {
                 activity.sleep_if_idle();
             }
+            parks.return_if_settled();
         }
     });
     let Some(links) = links else {

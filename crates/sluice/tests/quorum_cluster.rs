@@ -246,8 +246,9 @@ async fn quorum_cluster_leader_paused_loses_nothing_confirmed() {
     leader_fails_while_publishing_and_consuming("qq-pause", Fault::Pause).await;
 }
 
-/// An idle queue's members hibernate (no timers); a publish wakes them, and
-/// a leader that dies while they sleep is replaced all the same.
+/// An idle queue's members hibernate (no timers, their Raft nodes parked); a
+/// publish wakes them, and a leader that dies while they sleep is replaced
+/// all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
     let mut nodes = cluster("qq-idle", &["secret", "secret", "secret"]);
@@ -262,12 +263,26 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
     );
     let (_publishing, publisher) = confirming_channel_on(&nodes[1]).await;
     assert!(publish_one(&publisher, "ledger", 0).await);
-    // Past the hibernation delay: every member sleeps.
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    // Past the hibernation delay: every member sleeps, its Raft node
+    // parked.
+    for node in &nodes {
+        node.wait_for_log(
+            &["idle quorum queue members parked", "parked=1"],
+            Duration::from_secs(20),
+        );
+    }
     // A publish through a follower wakes the group.
+    for node in &nodes {
+        node.mark();
+    }
     assert!(publish_one(&publisher, "ledger", 1).await);
-    tokio::time::sleep(Duration::from_secs(13)).await;
-    // The sleeping leader dies; the next publish waits for a new one.
+    for node in &nodes {
+        node.wait_for_log(
+            &["idle quorum queue members parked", "parked=1"],
+            Duration::from_secs(20),
+        );
+    }
+    // The parked leader dies; the next publish waits for a new one.
     nodes[0].kill();
     let started = Instant::now();
     assert!(

@@ -14,6 +14,7 @@ use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
+use super::raft_slot::{RaftSlot, StartRaft};
 use super::state_machine::GroupStateMachine;
 use super::transport::{read_index, reply_bytes, GroupEndpoint, GroupNetwork, Transport};
 use super::types::{Command, Raft};
@@ -199,19 +200,31 @@ impl ConsensusNode {
             None if settings.members.len() == 1 => Transport::detached(),
             None => return Err(fatal("a group of several members needs links".to_owned())),
         };
-        let network = GroupNetwork {
-            transport: Arc::clone(&transport),
-            group,
-        };
         let config = Arc::new(settings.openraft_config()?);
-        let raft = Raft::new(local_id, config, network, log.clone(), state_machine)
-            .await
-            .map_err(|error| fatal(error.to_string()))?;
+        let start: StartRaft = {
+            let (transport, log) = (Arc::clone(&transport), log.clone());
+            Box::new(move || {
+                let network = GroupNetwork {
+                    transport: Arc::clone(&transport),
+                    group,
+                };
+                let started = Raft::new(
+                    local_id,
+                    Arc::clone(&config),
+                    network,
+                    log.clone(),
+                    state_machine.clone(),
+                );
+                Box::pin(async move { started.await.map_err(|error| error.to_string()) })
+            })
+        };
+        let raft = start().await.map_err(fatal)?;
+        let slot = Arc::new(RaftSlot::new(raft.clone(), start));
         let propose_timeout = settings.election_timeout.1 * 4;
         transport.register(
             group,
             GroupEndpoint {
-                raft: raft.clone(),
+                raft: Arc::clone(&slot),
                 propose_timeout,
             },
         );
@@ -270,7 +283,7 @@ impl ConsensusNode {
         Ok(Arc::new(RaftGroup {
             group,
             local_id,
-            raft,
+            raft: slot,
             log,
             transport,
             applied,
@@ -297,7 +310,8 @@ pub struct GroupStatus {
 pub struct RaftGroup {
     group: u64,
     local_id: u64,
-    raft: Raft,
+    /// Parked while the member hibernates (see `raft_slot`).
+    raft: Arc<RaftSlot>,
     log: LogStore,
     transport: Arc<Transport>,
     applied: watch::Receiver<u64>,
@@ -312,7 +326,7 @@ impl RaftGroup {
         // borrow held across a second one deadlocks the moment openraft's
         // writer queues between the two (the lock prefers writers), and
         // with it every task on that worker thread.
-        let leader = self.raft.metrics().borrow_watched().current_leader;
+        let leader = self.raft.metrics(|metrics| metrics.current_leader);
         match leader {
             Some(leader) if leader == self.local_id => Leader::Here,
             Some(leader) => self
@@ -326,34 +340,34 @@ impl RaftGroup {
     /// (the last one this member saw, committed or not) names it: members
     /// come and go, so no list fixed at the start would do.
     fn member_name(&self, id: u64) -> Option<NodeName> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow_watched();
-        let node = metrics.membership_config.membership().get_node(&id)?;
-        node.addr.parse().ok()
+        self.raft.metrics(|metrics| {
+            let node = metrics.membership_config.membership().get_node(&id)?;
+            node.addr.parse().ok()
+        })
     }
 
     /// The voters of the group's current membership, by id.
     pub fn voters(&self) -> BTreeMap<u64, NodeName> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow_watched();
-        let membership = metrics.membership_config.membership();
-        membership
-            .voter_ids()
-            .filter_map(|id| {
-                let node = membership.get_node(&id)?;
-                Some((id, node.addr.parse().ok()?))
-            })
-            .collect()
+        self.raft.metrics(|metrics| {
+            let membership = metrics.membership_config.membership();
+            membership
+                .voter_ids()
+                .filter_map(|id| {
+                    let node = membership.get_node(&id)?;
+                    Some((id, node.addr.parse().ok()?))
+                })
+                .collect()
+        })
     }
 
     /// The leader this node knows of.
     pub fn leader(&self) -> Option<NodeName> {
-        let leader = self.raft.metrics().borrow_watched().current_leader?;
+        let leader = self.raft.metrics(|metrics| metrics.current_leader)?;
         self.member_name(leader)
     }
 
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow_watched().current_leader == Some(self.local_id)
+        self.raft.metrics(|metrics| metrics.current_leader) == Some(self.local_id)
     }
 
     /// The command of the entry at `index` in this member's log, read
@@ -369,12 +383,10 @@ impl RaftGroup {
 
     /// This member's term and log positions, for metrics.
     pub fn status(&self) -> GroupStatus {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow_watched();
         let index = |log_id: &Option<crate::consensus::types::LogId>| {
             log_id.as_ref().map_or(0, |log_id| log_id.index)
         };
-        GroupStatus {
+        self.raft.metrics(|metrics| GroupStatus {
             term: metrics.current_term,
             last_written_index: metrics.last_log_index.unwrap_or(0),
             commit_index: index(&metrics.local_committed),
@@ -383,7 +395,7 @@ impl RaftGroup {
             commit_latency: Duration::from_micros(
                 self.commit_latency_micros.load(Ordering::Relaxed),
             ),
-        }
+        })
     }
 
     /// The index of the last entry applied on this node.
@@ -473,7 +485,11 @@ impl RaftGroup {
     /// This node is the leader: write, and the reply comes once applied
     /// here.
     async fn write_here(&self, command: &Bytes, left: Duration) -> Attempt {
-        let write = self.raft.client_write(Command(command.to_vec()));
+        let raft = match self.raft.in_use().await {
+            Ok(raft) => raft,
+            Err(reason) => return Attempt::Failed(ProposeError::Fatal(reason)),
+        };
+        let write = raft.client_write(Command(command.to_vec()));
         match tokio::time::timeout(left, write).await {
             Ok(Ok(response)) => Attempt::Done(Bytes::from(response.data.0)),
             Ok(Err(error)) if error.forward_to_leader().is_some() => Attempt::Retry,
@@ -533,7 +549,10 @@ impl RaftGroup {
                 return Err(ProposeError::Timeout(timeout));
             }
             let index = match self.current_leader() {
-                Leader::Here => read_index(&self.raft, left).await.ok(),
+                Leader::Here => match self.raft.in_use().await {
+                    Ok(raft) => read_index(&raft, left).await.ok(),
+                    Err(reason) => return Err(ProposeError::Fatal(reason)),
+                },
                 Leader::Peer(peer) => {
                     match self
                         .transport
@@ -562,21 +581,43 @@ impl RaftGroup {
     /// Resolves with the leader once this node knows of one other than
     /// `known` (None: any leader); None once the group stopped.
     pub async fn leader_other_than(&self, known: Option<&NodeName>) -> Option<NodeName> {
-        let mut metrics = self.raft.metrics();
+        let mut restarts = self.raft.restarts();
         loop {
-            let current = metrics.borrow_watched().current_leader;
-            if let Some(leader) = current.and_then(|id| self.member_name(id)) {
-                if Some(&leader) != known {
+            let Some(raft) = self.raft.if_running() else {
+                // Parked, the leader it knew stands until it runs again.
+                if let Some(leader) = self.leader().filter(|leader| Some(leader) != known) {
                     return Some(leader);
                 }
+                if self.raft.is_stopped() {
+                    return None;
+                }
+                restarts.changed().await.ok()?;
+                continue;
+            };
+            let mut metrics = raft.metrics();
+            drop(raft);
+            loop {
+                if let Some(leader) = self.leader().filter(|leader| Some(leader) != known) {
+                    return Some(leader);
+                }
+                // Its metrics end when the node parks or stops.
+                if metrics.changed().await.is_err() {
+                    break;
+                }
             }
-            metrics.changed().await.ok()?;
+            if self.raft.is_stopped() {
+                return None;
+            }
         }
     }
 
     /// Resolves once this node knows of a leader other than `leader`.
+    /// Keeps the node running meanwhile: a proposal waits on it.
     async fn leader_changes_from(&self, leader: &NodeName) {
-        let mut metrics = self.raft.metrics();
+        let Ok(raft) = self.raft.in_use().await else {
+            return std::future::pending().await;
+        };
+        let mut metrics = raft.metrics();
         loop {
             let current = metrics.borrow_watched().current_leader;
             let current = current.and_then(|id| self.member_name(id));
@@ -591,28 +632,51 @@ impl RaftGroup {
 
     /// Stops this member's timers: no heartbeats, no election timeouts, no
     /// wake-ups at all while its group is idle. It still answers its
-    /// peers and replicates what is proposed.
-    ///
-    /// An idle group also compacts its log first: a queue that was drained
-    /// and left alone keeps no entries beyond the last few.
+    /// peers and replicates what is proposed. [`RaftGroup::park`] follows.
     pub fn hibernate(&self) {
-        let runtime = self.raft.runtime_config();
-        runtime.heartbeat(false);
-        runtime.tick(false);
-        tokio::spawn(compact(self.raft.clone(), self.group));
+        self.raft.set_asleep(true);
     }
 
-    /// Starts this member's timers again.
+    /// Whether the member hibernates with its Raft node running: since
+    /// [`RaftGroup::hibernate`], or started again by a peer or a proposal.
+    pub fn runs_while_asleep(&self) -> bool {
+        self.raft.is_asleep() && self.raft.if_running().is_some()
+    }
+
+    /// Compacts a hibernating member's log, so that a queue that was
+    /// drained and left alone keeps no entries beyond the last few, then
+    /// parks its Raft node (see `raft_slot`), which starts again when a
+    /// peer, a proposal or [`RaftGroup::wake`] needs it, timers still off.
+    /// Asked a while after [`RaftGroup::hibernate`], so that no heartbeat
+    /// the node sent is still under way: its answer would find the node
+    /// gone.
+    pub fn park(&self) {
+        let (slot, group) = (Arc::clone(&self.raft), self.group);
+        tokio::spawn(async move {
+            if let Some(raft) = slot.if_running() {
+                compact(raft, group).await;
+            }
+            if slot.is_asleep() {
+                slot.park().await;
+            }
+        });
+    }
+
+    /// Starts this member's timers again, and its Raft node if parked.
     pub fn wake(&self) {
-        let runtime = self.raft.runtime_config();
-        runtime.tick(true);
-        runtime.heartbeat(true);
+        self.raft.set_asleep(false);
+        let (slot, group) = (Arc::clone(&self.raft), self.group);
+        tokio::spawn(async move {
+            if let Err(reason) = slot.in_use().await {
+                tracing::debug!(group, %reason, "a woken member did not start");
+            }
+        });
     }
 
     /// Stops the group's Raft node.
     pub async fn shutdown(&self) {
         self.transport.unregister(self.group);
-        if let Err(error) = self.raft.shutdown().await {
+        if let Err(error) = self.raft.stop().await {
             tracing::warn!(group = self.group, %error, "raft group did not stop cleanly");
         }
         // Its segments complete, as a log opened again in this process
@@ -629,18 +693,29 @@ const COMPACTION_SNAPSHOT_WAIT: Duration = Duration::from_secs(5);
 /// snapshot, all of it: an idle group's log holds only what its state
 /// still reads.
 async fn compact(raft: Raft, group: u64) {
-    let applied = raft
-        .metrics()
-        .borrow_watched()
-        .last_applied
-        .map(|id| id.index);
+    let index = |log_id: Option<crate::consensus::types::LogId>| log_id.map(|id| id.index);
+    let (applied, snapshot, purged) = {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow_watched();
+        (
+            index(metrics.last_applied),
+            index(metrics.snapshot),
+            index(metrics.purged),
+        )
+    };
+    // Compacted at its last hibernation, and nothing applied since: a
+    // member started again by a peer's heartbeat parks without writing
+    // the same snapshot again.
+    if snapshot >= applied && purged >= snapshot {
+        return;
+    }
     if raft.trigger().snapshot().await.is_err() {
         return;
     }
     let mut metrics = raft.metrics();
     let caught_up = tokio::time::timeout(COMPACTION_SNAPSHOT_WAIT, async {
         loop {
-            let snapshot = metrics.borrow_watched().snapshot.map(|id| id.index);
+            let snapshot = index(metrics.borrow_watched().snapshot);
             if snapshot >= applied || metrics.changed().await.is_err() {
                 return;
             }
@@ -650,10 +725,23 @@ async fn compact(raft: Raft, group: u64) {
     if caught_up.is_err() {
         tracing::debug!(group, "the log is compacted up to an older snapshot");
     }
-    let snapshot = raft.metrics().borrow_watched().snapshot;
-    if let Some(snapshot) = snapshot {
-        let _ = raft.trigger().purge_log(snapshot.index).await;
+    let snapshot = index(raft.metrics().borrow_watched().snapshot);
+    let Some(snapshot) = snapshot else {
+        return;
+    };
+    if raft.trigger().purge_log(snapshot).await.is_err() {
+        return;
     }
+    // Purged before the node parks, which would cut the purge short.
+    let mut metrics = raft.metrics();
+    let _ = tokio::time::timeout(COMPACTION_SNAPSHOT_WAIT, async {
+        while index(metrics.borrow_watched().purged) < Some(snapshot) {
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// Initializes a new group with its members.

@@ -84,8 +84,12 @@ impl ConsensusNode {
                 return Err(last_refusal
                     .map_or(MembershipError::Timeout(timeout), MembershipError::Refused));
             }
-            if let Some(endpoint) = transport.endpoint(group) {
-                match change_on_leader(&endpoint.raft, &change, left).await {
+            let here = match transport.endpoint(group) {
+                Some(endpoint) => endpoint.raft.in_use().await.ok(),
+                None => None,
+            };
+            if let Some(raft) = here {
+                match change_on_leader(&raft, &change, left).await {
                     Ok(()) => return Ok(()),
                     Err(ProposeRefusal::Failed(reason)) => {
                         if let Some(error) = refused(reason) {

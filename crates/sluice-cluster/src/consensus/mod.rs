@@ -18,6 +18,7 @@
 mod group;
 mod log_store;
 mod membership;
+mod raft_slot;
 mod state_machine;
 mod transport;
 mod types;
@@ -26,6 +27,7 @@ mod wire;
 
 pub use group::{positional_member_ids, ConsensusNode, GroupSettings, GroupStatus, RaftGroup};
 pub use membership::{MemberChange, MembershipError};
+pub use raft_slot::parked_total;
 pub use wal::Wal;
 
 use std::time::Duration;

@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, Semaphore};
 
 use super::log_store::{decode, encode_into};
 use super::membership::change_on_leader;
+use super::raft_slot::RaftSlot;
 use super::types::{Command, Raft, TypeConfig, Vote};
 use super::wire::{fragments, Message, ProposeRefusal, Reassembly, Request, Response};
 use super::CONSENSUS_CHANNEL;
@@ -49,7 +50,8 @@ pub enum TransportError {
 /// What a group hands the transport to answer its peers' requests.
 #[derive(Clone)]
 pub struct GroupEndpoint {
-    pub raft: Raft,
+    /// Started again for the request when the member parked it.
+    pub raft: Arc<RaftSlot>,
     /// How long a forwarded proposal may wait for its commit on the leader.
     pub propose_timeout: Duration,
 }
@@ -222,7 +224,13 @@ impl Transport {
 
 /// Answers a peer's request to one of this node's groups.
 async fn handle(endpoint: GroupEndpoint, request: Request) -> Response {
-    let raft = endpoint.raft;
+    let raft = match endpoint.raft.in_use().await {
+        Ok(raft) => raft,
+        Err(reason) => {
+            tracing::debug!(%reason, "a request for a group whose node cannot run");
+            return Response::NoGroup;
+        }
+    };
     match request {
         Request::Append(request) => Response::Append(
             raft.append_entries(request)
