@@ -79,6 +79,12 @@ impl StateMachine for Adapter {
     fn keep_for_snapshot(&mut self) -> bool {
         self.machine.keep_for_snapshot()
     }
+
+    /// Every member wakes, its timers on: should the leader have removed
+    /// itself, the others elect the next one.
+    fn members_changed(&mut self, _index: u64) {
+        self.activity.touch(true);
+    }
 }
 
 /// Where a member's group stands.

@@ -429,3 +429,66 @@ async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_h
         node.kill();
     }
 }
+
+/// The leader of an idle queue, whose members hibernate with their Raft
+/// nodes parked, is removed: the two members left elect another at once
+/// (they wake as the membership changes, or nobody would stand), and the
+/// queue keeps its messages and takes more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_elect() {
+    let mut nodes = cluster("remove-idle-leader", &["secret", "secret", "secret"]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    declare_durable_with(&channel, "idle", arguments).await;
+    nodes[1].wait_for_log(
+        &["quorum queue leader", "idle", &nodes[0].name],
+        Duration::from_secs(20),
+    );
+    publish_confirmed_to(&nodes[1], "idle", 0..5).await;
+    for node in &nodes {
+        node.wait_for_log(
+            &["idle quorum queue members parked", "parked=1"],
+            Duration::from_secs(30),
+        );
+    }
+    let (status, body) = call_async(
+        api[1],
+        "DELETE",
+        "/api/queues/quorum/%2F/idle/replicas/delete".into(),
+        Some(json!({"node": nodes[0].name})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let left = [nodes[1].name.as_str(), nodes[2].name.as_str()];
+    members_once(api[1], "idle", |members| same_members(members, &left)).await;
+    let started = Instant::now();
+    publish_confirmed_to(&nodes[1], "idle", 5..6).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "confirmed after {:?}",
+        started.elapsed()
+    );
+    let (_reading, reader) = channel_on(&nodes[2]).await;
+    let mut numbers = Vec::new();
+    while let Some(message) = reader
+        .basic_get("idle".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        numbers.push(u32::from_be_bytes(
+            message.delivery.data[..4].try_into().unwrap(),
+        ));
+    }
+    assert_eq!(numbers, [0, 1, 2, 3, 4, 5]);
+    for node in &mut nodes {
+        node.kill();
+    }
+}

@@ -71,6 +71,11 @@ pub trait StateMachine: Send + 'static {
     fn keep_for_snapshot(&mut self) -> bool {
         false
     }
+
+    /// The group's members changed (applied at `index`): a leader that
+    /// removed itself leaves the rest to elect one, which a member whose
+    /// timers are off for hibernation would never do.
+    fn members_changed(&mut self, _index: u64) {}
 }
 
 /// Why a group could not start, or stopped.
