@@ -82,7 +82,7 @@ impl StateMachine for Adapter {
 
     /// Every member wakes, its timers on: should the leader have removed
     /// itself, the others elect the next one.
-    fn members_changed(&mut self, _index: u64) {
+    fn members_changed(&mut self) {
         self.activity.touch(true);
     }
 }

@@ -17,22 +17,13 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use support::cluster::{channel_on, cluster, Node};
-use support::{declare_durable, declare_durable_with};
+use support::{declare_durable, declare_durable_with, quorum_arguments};
 
 /// Confirms a publisher keeps waiting for at once.
 const IN_FLIGHT: usize = 100;
 /// How long confirms may stop after the leader's node fails (the issue's
 /// bound).
 const CONFIRMS_RESUME_WITHIN: Duration = Duration::from_secs(5);
-
-fn quorum() -> FieldTable {
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    arguments
-}
 
 /// A channel on `node` in confirm mode.
 async fn confirming_channel_on(node: &Node) -> (lapin::Connection, lapin::Channel) {
@@ -150,7 +141,7 @@ async fn leader_fails_while_publishing_and_consuming(test: &str, fault: Fault) {
     }
     // Declared through node 1: its first leader.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    declare_durable_with(&channel, "ledger", quorum()).await;
+    declare_durable_with(&channel, "ledger", quorum_arguments()).await;
     drop(channel);
     // Node 1 stands first; the others hear of it.
     nodes[1].wait_for_log(
@@ -256,7 +247,7 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    declare_durable_with(&channel, "ledger", quorum()).await;
+    declare_durable_with(&channel, "ledger", quorum_arguments()).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "ledger", &nodes[0].name],
         Duration::from_secs(20),
@@ -295,20 +286,7 @@ async fn quorum_cluster_idle_queue_hibernates_and_still_fails_over() {
         started.elapsed()
     );
     let (_consuming, consumer) = channel_on(&nodes[2]).await;
-    let mut numbers = Vec::new();
-    while let Some(message) = consumer
-        .basic_get(
-            "ledger".into(),
-            lapin::options::BasicGetOptions { no_ack: true },
-        )
-        .await
-        .unwrap()
-    {
-        numbers.push(u32::from_be_bytes(
-            message.delivery.data[..4].try_into().unwrap(),
-        ));
-    }
-    assert_eq!(numbers, [0, 1, 2]);
+    assert_eq!(support::get_numbered(&consumer, "ledger").await, [0, 1, 2]);
     for node in &mut nodes {
         node.kill();
     }
@@ -323,7 +301,7 @@ async fn quorum_cluster_queue_is_used_through_a_node_that_is_not_a_member() {
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    let mut arguments = quorum();
+    let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
     declare_durable_with(&channel, "solo", arguments).await;
     let (_elsewhere, third) = channel_on(&nodes[2]).await;
@@ -410,7 +388,7 @@ async fn quorum_cluster_dead_letters_at_least_once_across_a_leader_kill() {
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    let mut arguments = quorum();
+    let mut arguments = quorum_arguments();
     for (key, value) in [
         ("x-dead-letter-exchange", ""),
         ("x-dead-letter-routing-key", "rejects"),
@@ -536,7 +514,7 @@ async fn quorum_cluster_publisher_waits_at_the_commands_soft_limit() {
         node.start();
     }
     let (first_connection, first) = confirming_channel_on(&nodes[0]).await;
-    declare_durable_with(&first, "bounded", quorum()).await;
+    declare_durable_with(&first, "bounded", quorum_arguments()).await;
     // One confirmed message: the group has a leader and a majority.
     assert!(publish_one(&first, "bounded", 0).await);
     let before = messages_received(prometheus_port);

@@ -17,7 +17,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, Conf
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
 use support::cluster::{channel_on, cluster, Node};
-use support::{declare_durable_with, free_port};
+use support::{declare_durable_with, free_port, quorum_arguments};
 
 /// Messages published before the queue grows.
 const MESSAGES: u32 = 300;
@@ -157,11 +157,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
 
     // A queue of one member, on node 1, with messages.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
     declare_durable_with(&channel, "grown", arguments).await;
     publish_confirmed(&nodes[0], 0..MESSAGES).await;
@@ -360,11 +356,7 @@ async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_h
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
     declare_durable_with(&channel, "spread", arguments).await;
     let members = members_once(api[0], "spread", |members| members.len() == 3).await;
@@ -442,12 +434,7 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
         node.start();
     }
     let (_declaring, channel) = channel_on(&nodes[0]).await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    declare_durable_with(&channel, "idle", arguments).await;
+    declare_durable_with(&channel, "idle", quorum_arguments()).await;
     nodes[1].wait_for_log(
         &["quorum queue leader", "idle", &nodes[0].name],
         Duration::from_secs(20),
@@ -477,17 +464,10 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
         started.elapsed()
     );
     let (_reading, reader) = channel_on(&nodes[2]).await;
-    let mut numbers = Vec::new();
-    while let Some(message) = reader
-        .basic_get("idle".into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
-        numbers.push(u32::from_be_bytes(
-            message.delivery.data[..4].try_into().unwrap(),
-        ));
-    }
-    assert_eq!(numbers, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(
+        support::get_numbered(&reader, "idle").await,
+        [0, 1, 2, 3, 4, 5]
+    );
     for node in &mut nodes {
         node.kill();
     }

@@ -72,10 +72,10 @@ pub trait StateMachine: Send + 'static {
         false
     }
 
-    /// The group's members changed (applied at `index`): a leader that
-    /// removed itself leaves the rest to elect one, which a member whose
-    /// timers are off for hibernation would never do.
-    fn members_changed(&mut self, _index: u64) {}
+    /// The group's members changed: a leader that removed itself leaves
+    /// the rest to elect one, which a member whose timers are off for
+    /// hibernation would never do.
+    fn members_changed(&mut self) {}
 }
 
 /// Why a group could not start, or stopped.

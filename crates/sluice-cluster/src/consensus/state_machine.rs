@@ -300,7 +300,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
                     }
                     EntryPayload::Membership(membership) => {
                         inner.membership = StoredMembership::new(Some(entry.log_id), membership);
-                        inner.machine.members_changed(entry.log_id.index);
+                        inner.machine.members_changed();
                         Reply::default()
                     }
                 };

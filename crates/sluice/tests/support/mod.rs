@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 pub mod cluster;
@@ -158,4 +158,33 @@ pub async fn publish_numbered(
         )
         .await
         .expect("publish sent")
+}
+
+/// The arguments of a quorum queue.
+pub fn quorum_arguments() -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments
+}
+
+/// Takes every message of `queue` with basic.get (no ack) and returns the
+/// numbers [`publish_numbered`] put in their bodies, in the queue's order.
+pub async fn get_numbered(channel: &Channel, queue: &str) -> Vec<u32> {
+    let mut numbers = Vec::new();
+    while let Some(message) = channel
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .expect("basic.get answered")
+    {
+        numbers.push(u32::from_be_bytes(
+            message.delivery.data[..4].try_into().expect("4-byte body"),
+        ));
+    }
+    numbers
 }
