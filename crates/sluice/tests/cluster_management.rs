@@ -13,7 +13,7 @@ use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::ConnectionProperties;
 use serde_json::Value;
-use support::cluster::{cluster, Node};
+use support::cluster::{cluster, wait_until_every_node_serves, Node};
 use support::free_port;
 
 /// One request to the API at `port` as guest: status and JSON body.
@@ -95,13 +95,7 @@ async fn cluster_management_api_shows_and_closes_connections_of_every_node() {
     for node in &mut nodes {
         node.start();
     }
-    // Once node 3 takes connections, the cluster has formed.
-    let ready = support::connect_uri(&format!(
-        "amqp://guest:guest@127.0.0.1:{}/%2f",
-        nodes[2].amqp_port
-    ))
-    .await;
-    ready.close(200, "ready".into()).await.unwrap();
+    wait_until_every_node_serves(&nodes).await;
     let connection = lapin::Connection::connect(
         &format!("amqp://guest:guest@127.0.0.1:{}/%2f", nodes[2].amqp_port),
         ConnectionProperties::default().with_connection_name("on-node-3".into()),

@@ -16,7 +16,7 @@ use futures_lite::StreamExt as _;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{json, Value};
-use support::cluster::{channel_on, cluster, Node};
+use support::cluster::{channel_on, cluster, wait_until_every_node_serves, Node};
 use support::{declare_durable_with, free_port, quorum_arguments};
 
 /// Messages published before the queue grows.
@@ -152,8 +152,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
         node.start();
     }
     let names: Vec<String> = nodes.iter().map(|node| node.name.clone()).collect();
-    // Once node 3 takes connections, the cluster has formed.
-    drop(support::connect(nodes[2].amqp_port).await);
+    wait_until_every_node_serves(&nodes).await;
 
     // A queue of one member, on node 1, with messages.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
@@ -355,6 +354,7 @@ async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_h
     for node in &mut nodes {
         node.start();
     }
+    wait_until_every_node_serves(&nodes).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
@@ -433,6 +433,7 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
     for node in &mut nodes {
         node.start();
     }
+    wait_until_every_node_serves(&nodes).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     declare_durable_with(&channel, "idle", quorum_arguments()).await;
     nodes[1].wait_for_log(

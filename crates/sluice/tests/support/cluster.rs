@@ -145,6 +145,16 @@ impl Drop for Node {
     }
 }
 
+/// Waits until every node takes AMQP connections. A node binds its AMQP and
+/// management listeners together once it has joined a majority, and the
+/// nodes get there at different times: one serving says nothing of the
+/// others.
+pub async fn wait_until_every_node_serves(nodes: &[Node]) {
+    for node in nodes {
+        drop(super::connect(node.amqp_port).await);
+    }
+}
+
 /// Nodes named `sluice1`, `sluice2`, … with config files as the README shows
 /// them; `cookies` gives each node's cookie.
 pub fn cluster(test: &str, cookies: &[&str]) -> Vec<Node> {
