@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::log::SegmentLog;
 use crate::record::{decode_record, encode_record, Record, RECORD_HEADER_SIZE};
+use crate::round_pacing::RoundPacing;
 use crate::segment::{segment_path, Segment};
 use crate::StoreError;
 
@@ -752,6 +753,8 @@ impl LogBuffer {
 pub struct SyncStats {
     pub fsyncs: AtomicU64,
     pub durable_appends: AtomicU64,
+    /// Rounds a paced sync thread held back (see [`RoundPacing`]).
+    pub held_rounds: AtomicU64,
 }
 
 /// The node's sync thread and the set of logs with unwritten appends.
@@ -765,6 +768,9 @@ pub struct GroupCommit {
     /// Rounds start at most this often: a longer interval gathers more
     /// appends into each fsync, for disks where an fsync is expensive.
     sync_interval: Duration,
+    /// For a sync thread shared by many writers: when a round waits to
+    /// gather more.
+    pacing: Option<RoundPacing>,
     /// Bytes appended to any log and not yet written: the node's memory
     /// waiting on its disk.
     unwritten_total: AtomicU64,
@@ -792,7 +798,7 @@ impl GroupCommit {
         sync_interval: Duration,
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
-        Self::spawn("sluice-sync", sync_interval, on_round)
+        Self::spawn("sluice-sync", sync_interval, None, on_round)
     }
 
     /// Starts a sync thread named `name` (a log that wants rounds of its
@@ -802,17 +808,29 @@ impl GroupCommit {
         sync_interval: Duration,
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
-        Self::spawn(name, sync_interval, on_round)
+        Self::spawn(name, sync_interval, None, on_round)
+    }
+
+    /// Starts a sync thread named `name` whose rounds wait as `pacing`
+    /// says; its writers count themselves with [`GroupCommit::count_writer`].
+    pub fn start_paced(
+        name: &str,
+        pacing: RoundPacing,
+        on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
+    ) -> Arc<Self> {
+        Self::spawn(name, Duration::ZERO, Some(pacing), on_round)
     }
 
     fn spawn(
         name: &str,
         sync_interval: Duration,
+        pacing: Option<RoundPacing>,
         on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>]) + Send + 'static,
     ) -> Arc<Self> {
         let group = Arc::new(GroupCommit {
             stats: SyncStats::default(),
             sync_interval,
+            pacing,
             dirty: Mutex::new(Vec::new()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -827,6 +845,14 @@ impl GroupCommit {
         let thread = crate::essential_thread::spawn(name, move || worker.run(on_round));
         *lock(&group.thread) = Some(thread);
         group
+    }
+
+    /// Counts a writer into the next round of a paced sync thread (see
+    /// [`RoundPacing::count_writer`]); nothing for one that is not paced.
+    pub fn count_writer(&self, counted_for: &AtomicU64) {
+        if let Some(pacing) = &self.pacing {
+            pacing.count_writer(counted_for);
+        }
     }
 
     fn mark_dirty(&self, log: Arc<LogBuffer>) {
@@ -892,6 +918,7 @@ impl GroupCommit {
 
     fn run(&self, on_round: impl Fn(DurableEpoch, &[Arc<LogBuffer>])) {
         let mut round_started = Instant::now();
+        let mut round_took = Duration::ZERO;
         loop {
             let since_last = round_started.elapsed();
             if since_last < self.sync_interval && !self.stop.load(Ordering::Acquire) {
@@ -920,6 +947,18 @@ impl GroupCommit {
                 }
                 if dirty.is_empty() {
                     return;
+                }
+                if let Some(pacing) = &self.pacing {
+                    let wait = pacing
+                        .pause(round_took)
+                        .saturating_sub(round_started.elapsed());
+                    if !wait.is_zero() && !self.stop.load(Ordering::Acquire) {
+                        self.stats.held_rounds.fetch_add(1, Ordering::Relaxed);
+                        drop(dirty);
+                        std::thread::sleep(wait);
+                        dirty = lock(&self.dirty);
+                    }
+                    pacing.round_starting();
                 }
                 std::mem::take(&mut *dirty)
             };
@@ -961,6 +1000,7 @@ impl GroupCommit {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let round = self.rounds.fetch_add(1, Ordering::AcqRel) + 1;
             on_round(round, &failed);
+            round_took = round_started.elapsed();
         }
     }
 
@@ -984,6 +1024,7 @@ impl GroupCommit {
                 thread = name,
                 fsyncs,
                 durable_appends,
+                held_rounds = self.stats.held_rounds.load(Ordering::Relaxed),
                 appends_per_fsync = durable_appends as f64 / fsyncs.max(1) as f64,
                 "group commit totals"
             );
@@ -1072,6 +1113,39 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Rounds of `writers` writers, each appending once and waiting for
+    /// the round to sync it; the rounds the sync thread held back.
+    fn held_rounds_with(writers: usize) -> u64 {
+        let dir = crate::log::tests::temp_dir(&format!("paced-{writers}"));
+        let (log, _) = SegmentLog::recover_all(&dir).unwrap();
+        let buffer = LogBuffer::new(log, 1024 * 1024);
+        // Any round that can be held is, for the whole bound.
+        let pacing = RoundPacing::new(1_000_000, Duration::from_millis(5), 3);
+        let group = GroupCommit::start_paced("sluice-paced-test", pacing, |_, _| {});
+        let counted: Vec<AtomicU64> = (0..writers).map(|_| AtomicU64::new(0)).collect();
+        for _ in 0..5 {
+            let mut last = 0;
+            for writer in &counted {
+                group.count_writer(writer);
+                last = buffer.append(&group, 1, &[b"record"]).unwrap().1;
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !buffer.is_synced(last) {
+                assert!(Instant::now() < deadline, "a round syncs the appends");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        group.stop();
+        std::fs::remove_dir_all(&dir).unwrap();
+        group.stats.held_rounds.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_paced_sync_thread_holds_rounds_back_only_for_enough_writers() {
+        assert_eq!(held_rounds_with(1), 0, "a lone writer is never held back");
+        assert!(held_rounds_with(3) > 0, "three writers are");
+    }
+
     #[test]
     fn deferred_writes_wait_in_memory_until_asked_or_large() {
         let dir = crate::log::tests::temp_dir("deferred");
@@ -1101,17 +1175,24 @@ mod tests {
         let record_length = (RECORD_HEADER_SIZE + 1 + payload.len()) as u64;
         let mut deferred = 0;
         let mut reaching = None;
+        let mut last = 0;
         for _ in 0..=(DEFERRED_WRITE_BYTES / 4096) {
-            let sequence = buffer.append_unsynced(&group, 1, &[&payload]).unwrap().1;
+            last = buffer.append_unsynced(&group, 1, &[&payload]).unwrap().1;
             deferred += record_length;
             if reaching.is_none() && deferred >= DEFERRED_WRITE_BYTES {
-                reaching = Some(sequence);
+                reaching = Some(last);
             }
         }
         let reaching = reaching.expect("the appends pass the bound");
         let deadline = Instant::now() + Duration::from_secs(5);
         while !buffer.is_synced(reaching) {
             assert!(Instant::now() < deadline, "a large deferral is written");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // What started the next deferral is written when asked.
+        buffer.write_soon(&group);
+        while !buffer.is_synced(last) {
+            assert!(Instant::now() < deadline, "write_soon wrote the rest");
             std::thread::sleep(Duration::from_millis(1));
         }
         // None of them made a round fsync; `sync_written` does.

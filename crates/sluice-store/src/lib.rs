@@ -7,6 +7,8 @@
 //! - [`group_commit`]: the sync thread that writes buffered records and makes
 //!   them durable with one fdatasync per file per round, and the epochs that
 //!   tell publishers when their records are durable.
+//! - [`round_pacing`]: when a sync thread shared by many writers holds a
+//!   round back to gather more of them.
 //!
 //! Storage code checks length and checksum before writing and again after
 //! reading: a torn or corrupt tail is truncated at recovery, never trusted.
@@ -15,6 +17,7 @@ pub mod essential_thread;
 pub mod group_commit;
 pub mod log;
 pub mod record;
+pub mod round_pacing;
 pub mod segment;
 
 pub use group_commit::{DurableEpoch, GroupCommit, LogBuffer};

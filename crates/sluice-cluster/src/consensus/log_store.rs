@@ -19,7 +19,7 @@ use std::io;
 use std::io::Write;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::Bytes;
@@ -204,6 +204,8 @@ struct Shared {
     wal: Arc<Wal>,
     /// The group's name in the WAL.
     key: Vec<u8>,
+    /// The WAL round this group last counted itself into (its pacing).
+    wal_round: AtomicU64,
     /// Appends waiting for the WAL round that syncs them, in append order,
     /// with their WAL sequence numbers.
     waiting: Mutex<VecDeque<(Sequence, IOFlushed<TypeConfig>)>>,
@@ -267,7 +269,7 @@ impl Shared {
             .ok_or_else(failed_log)?;
         let sequence = self
             .wal
-            .append(&self.key, kind, payload)
+            .append(&self.key, &self.wal_round, kind, payload)
             .ok_or_else(failed_log)?;
         Ok((location, sequence))
     }
@@ -329,6 +331,7 @@ impl LogStore {
             contents: Mutex::new(contents),
             buffer,
             key: wal.key(dir),
+            wal_round: AtomicU64::new(0),
             wal,
             waiting: Mutex::new(VecDeque::new()),
             waiter: OnceLock::new(),
