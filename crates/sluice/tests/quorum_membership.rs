@@ -473,3 +473,106 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
         node.kill();
     }
 }
+
+/// The next delivery of `consumer` within a few seconds: its number and
+/// whether it came marked redelivered. Panics when the broker cancelled
+/// the consumer (its stream ends) or nothing comes.
+async fn next_numbered(consumer: &mut lapin::Consumer) -> (u32, bool, u64) {
+    let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+        .await
+        .expect("a delivery within 10 s")
+        .expect("the consumer was not cancelled")
+        .expect("a delivery, not an error");
+    (
+        u32::from_be_bytes(delivery.data[..4].try_into().expect("4-byte body")),
+        delivery.redelivered,
+        delivery.delivery_tag,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_membership_joining_node_keeps_its_consumers_and_their_unacked_messages() {
+    let mut nodes = cluster("join-keeps-consumers", &["secret", "secret", "secret"]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    wait_until_every_node_serves(&nodes).await;
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    let mut arguments = quorum_arguments();
+    arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
+    declare_durable_with(&channel, "kept", arguments).await;
+    assert_eq!(
+        members_once(api[0], "kept", |_| true).await,
+        [nodes[0].name.clone()]
+    );
+
+    // A consumer on node 2, which holds no member, holds five unacked.
+    let (_consuming, consuming) = channel_on(&nodes[1]).await;
+    consuming
+        .basic_qos(100, lapin::options::BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consuming
+        .basic_consume(
+            "kept".into(),
+            "kept-worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish_confirmed_to(&nodes[0], "kept", 0..5).await;
+    let mut held = Vec::new();
+    for expected in 0..5 {
+        let (number, redelivered, tag) = next_numbered(&mut consumer).await;
+        assert_eq!((number, redelivered), (expected, false));
+        held.push(tag);
+    }
+
+    // Node 2 joins the queue's members.
+    let (status, body) = call_async(
+        api[2],
+        "POST",
+        "/api/queues/quorum/%2F/kept/replicas/add".into(),
+        Some(json!({"node": nodes[1].name})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let both = [nodes[0].name.as_str(), nodes[1].name.as_str()];
+    members_once(api[1], "kept", |members| same_members(members, &both)).await;
+
+    // The consumer was not cancelled: it settles what it held and gets
+    // what comes next, each once, none of it again.
+    for tag in held {
+        consuming
+            .basic_ack(tag, BasicAckOptions::default())
+            .await
+            .expect("the ack is taken");
+    }
+    publish_confirmed_to(&nodes[0], "kept", 5..10).await;
+    for expected in 5..10 {
+        let (number, redelivered, tag) = next_numbered(&mut consumer).await;
+        assert_eq!((number, redelivered), (expected, false));
+        consuming
+            .basic_ack(tag, BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    // Everything was settled once: nothing is left, ready or unacked.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = call_async(api[1], "GET", "/api/queues/%2F/kept".into(), None).await;
+        if status == 200 && body["messages"] == 0 && body["messages_unacknowledged"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "messages left behind: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), consumer.next())
+            .await
+            .is_err(),
+        "nothing is delivered twice"
+    );
+}

@@ -307,6 +307,8 @@ impl QuorumQueue {
             channel: 0,
             tag: "basic.get".to_owned(),
         };
+        // A member with a log of its own had a previous run on this node.
+        let restarts = spec.dir.exists();
         let queue = Arc::new_cyclic(|this| QuorumQueue {
             key: QueueKey {
                 vhost: Arc::clone(&spec.vhost),
@@ -355,7 +357,12 @@ impl QuorumQueue {
         tokio::spawn(Arc::clone(&queue.proposer).run(log));
         // What consumers of this node's previous run held (it crashed, or
         // stopped before their channels settled) goes back to the queue.
-        queue.node_down(queue.node_number);
+        // A member new here (declared now, or joining) had no previous run:
+        // this node's consumers of a queue it joins read through another
+        // member and keep what they hold.
+        if restarts {
+            queue.node_down(queue.node_number);
+        }
         queue
     }
 

@@ -72,11 +72,15 @@ impl VirtualHost {
 
     /// Gives the queue its new members: in place where this node's part
     /// stays the same, else by replacing the queue object (its bindings,
-    /// kept by name, stay; consumers through this node hear basic.cancel).
+    /// kept by name, stay). When this node joins, its consumers of the
+    /// queue keep reading through the member they read through, as
+    /// RabbitMQ's do; new ones read through the new member. Otherwise
+    /// consumers through this node hear basic.cancel.
     pub(super) fn change_queue_members(&self, queue: &Arc<dyn Queue>, changed: Membership) {
         let local = &*self.node.name;
         let current = queue.options().members.get();
         let home_stays = queue.home_node().is_none_or(|home| changed.contains(home));
+        let joins = !current.contains(local) && changed.contains(local);
         if current.contains(local) == changed.contains(local) && home_stays {
             queue.options().members.set(changed);
             return;
@@ -93,13 +97,19 @@ impl VirtualHost {
             }
         }
         self.start_timers_when_ready(&replacement);
+        tracing::info!(queue = %queue.name(), vhost = %self.name, members = ?definition.members, "quorum queue members changed");
+        if joins {
+            // The stand-in goes on carrying its consumers' deliveries and
+            // settlements through the link, to a member that stays one;
+            // it is dropped with the last channel that holds it.
+            return;
+        }
         // The member this node leaves stops and erases its log; a stand-in
         // for a queue homed elsewhere lets go of what it forwarded.
         let (consumers, _) = queue.delete();
         for consumer in consumers {
             consumer.sink.cancelled_by_queue(&consumer);
         }
-        tracing::info!(queue = %queue.name(), vhost = %self.name, members = ?definition.members, "quorum queue members changed");
     }
 
     /// The queue's definition with other members; its home (where nodes
