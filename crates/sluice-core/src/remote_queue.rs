@@ -19,7 +19,7 @@ use crate::counters::MessageCounts;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
 use crate::metadata::MetadataProposer;
-use crate::queue::forwarding::{ForwardHome, QueueKey, Settlement};
+use crate::queue::forwarding::{ConsumerKey, ForwardHome, QueueKey, Settlement};
 use crate::queue::{
     Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueOptions, QueueStats,
 };
@@ -297,6 +297,12 @@ impl Queue for RemoteQueue {
             .map(|link| link.forget_queue(&self.key))
             .unwrap_or_default();
         (consumers, 0)
+    }
+
+    fn consumers_gone(&self, gone: &[ConsumerKey]) {
+        if let Some(link) = self.forward() {
+            link.consumers_gone(&self.key, gone);
+        }
     }
 
     fn is_deleted(&self) -> bool {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::quorum_hibernation::{Activity, RunningGroups};
 use bytes::Bytes;
 use sluice_cluster::consensus::{
-    ConsensusNode, GroupSettings, MemberChange as ConsensusChange, RaftGroup, StateMachine,
+    holds_member_files, ConsensusNode, GroupSettings, MemberChange as ConsensusChange, RaftGroup,
+    StateMachine,
 };
 use sluice_cluster::node_name::NodeName;
 use sluice_core::quorum_queue::replication::{
@@ -290,6 +291,13 @@ impl QuorumGroups for NodeQuorumGroups {
             }
         });
         log
+    }
+
+    fn ran_here_before(&self, dir: &std::path::Path, members: &BTreeMap<u64, String>) -> bool {
+        members
+            .iter()
+            .find(|(_, node)| **node == self.local.as_str())
+            .is_some_and(|(id, _)| holds_member_files(dir, *id))
     }
 
     fn change_members(

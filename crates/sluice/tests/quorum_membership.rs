@@ -469,6 +469,16 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
         support::get_numbered(&reader, "idle").await,
         [0, 1, 2, 3, 4, 5]
     );
+    // The removed member was parked: it is erased all the same.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !queue_dirs(&nodes[0].data_dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the removed member's files stay: {:?}",
+            queue_dirs(&nodes[0].data_dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for node in &mut nodes {
         node.kill();
     }
@@ -575,4 +585,116 @@ async fn quorum_membership_joining_node_keeps_its_consumers_and_their_unacked_me
             .is_err(),
         "nothing is delivered twice"
     );
+}
+
+/// Waits until node `port` shows `queue`'s ready and unacknowledged
+/// counts as `expected`; otherwise says what it shows.
+async fn counts_once(port: u16, queue: &str, expected: (u64, u64)) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) =
+            call_async(port, "GET", format!("/api/queues/%2F/{queue}"), None).await;
+        let counts = (
+            body["messages_ready"].as_u64().unwrap_or(u64::MAX),
+            body["messages_unacknowledged"].as_u64().unwrap_or(u64::MAX),
+        );
+        if status == 200 && counts == expected {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{queue}: (ready, unacked) never {expected:?}: {status} {body}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Panics with `failure` and what every node logged.
+fn fail_with_logs(nodes: &[Node], failure: &str) -> ! {
+    let logs: Vec<String> = nodes
+        .iter()
+        .map(|node| format!("=== {}\n{}", node.name, node.logged_since_mark().join("\n")))
+        .collect();
+    panic!("{failure}\n{}", logs.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_membership_leaving_node_gives_back_what_its_consumers_held() {
+    let mut nodes = cluster("leave-gives-back", &["secret", "secret", "secret"]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    wait_until_every_node_serves(&nodes).await;
+    let (_declaring, channel) = channel_on(&nodes[0]).await;
+    declare_durable_with(&channel, "left", quorum_arguments()).await;
+    members_once(api[0], "left", |members| members.len() == 3).await;
+
+    // Two consumers on node 2, a member, hold five messages each.
+    let (consuming, first) = channel_on(&nodes[1]).await;
+    let second = consuming.create_channel().await.unwrap();
+    let mut consumers = Vec::new();
+    for (channel, tag) in [(&first, "first"), (&second, "second")] {
+        channel
+            .basic_qos(5, lapin::options::BasicQosOptions::default())
+            .await
+            .unwrap();
+        consumers.push(
+            channel
+                .basic_consume(
+                    "left".into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    publish_confirmed_to(&nodes[0], "left", 0..10).await;
+    let mut held = Vec::new();
+    for consumer in &mut consumers {
+        for _ in 0..5 {
+            held.push(next_numbered(consumer).await);
+        }
+    }
+    if let Err(failure) = counts_once(api[0], "left", (0, 10)).await {
+        fail_with_logs(&nodes, &failure);
+    }
+
+    // Node 2 leaves the members: its consumers hear basic.cancel, and
+    // what they held goes back to the queue instead of staying out with
+    // consumers no member serves.
+    let (status, body) = call_async(
+        api[2],
+        "DELETE",
+        "/api/queues/quorum/%2F/left/replicas/delete".into(),
+        Some(json!({"node": nodes[1].name})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let left = [nodes[0].name.as_str(), nodes[2].name.as_str()];
+    members_once(api[0], "left", |members| same_members(members, &left)).await;
+    for consumer in &mut consumers {
+        let end = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("the consumer hears basic.cancel");
+        assert!(end.is_none(), "cancelled, not delivered to: {end:?}");
+    }
+    if let Err(failure) = counts_once(api[0], "left", (10, 0)).await {
+        fail_with_logs(&nodes, &failure);
+    }
+    // The channels' late acks are taken and change nothing.
+    for (_, _, tag) in &held[..5] {
+        first
+            .basic_ack(*tag, BasicAckOptions::default())
+            .await
+            .expect("the ack is taken");
+    }
+    second.close(200, "done".into()).await.unwrap();
+    let (_reading, reader) = channel_on(&nodes[2]).await;
+    let mut returned = support::get_numbered(&reader, "left").await;
+    returned.sort_unstable();
+    assert_eq!(returned, (0..10).collect::<Vec<u32>>());
 }

@@ -807,6 +807,18 @@ enum Leader {
 /// are.
 const MEMBER_ID_FILE: &str = "member_id";
 
+/// Whether `dir` holds the files of member `local_id`: it ran on this node
+/// before, as opposed to a member new here (its directory is missing, or
+/// holds what an earlier member left, which [`claim_dir`] erases). A
+/// directory without the file is one of a version that wrote none, whose
+/// ids never changed: it is this member's.
+pub fn holds_member_files(dir: &std::path::Path, local_id: u64) -> bool {
+    match std::fs::read_to_string(dir.join(MEMBER_ID_FILE)) {
+        Ok(text) => text.trim().parse() == Ok(local_id),
+        Err(_) => dir.exists(),
+    }
+}
+
 /// Makes `dir` this member's: files an earlier member of this node left
 /// there (it was removed while the node was down, then the node was added
 /// again under a new id) are erased, as a new member starts empty. A
@@ -842,6 +854,19 @@ mod tests {
 
     fn name(text: &str) -> NodeName {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_directory_holds_a_members_files_only_once_it_claimed_them() {
+        let dir = std::env::temp_dir().join(format!("sluice-holds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!holds_member_files(&dir, 2), "no directory");
+        claim_dir(&dir, 2).unwrap();
+        assert!(holds_member_files(&dir, 2));
+        assert!(!holds_member_files(&dir, 9), "an earlier member's");
+        std::fs::remove_file(dir.join(MEMBER_ID_FILE)).unwrap();
+        assert!(holds_member_files(&dir, 9), "a version that kept no ids");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -25,7 +25,9 @@ mod types;
 mod wal;
 mod wire;
 
-pub use group::{positional_member_ids, ConsensusNode, GroupSettings, GroupStatus, RaftGroup};
+pub use group::{
+    holds_member_files, positional_member_ids, ConsensusNode, GroupSettings, GroupStatus, RaftGroup,
+};
 pub use membership::{MemberChange, MembershipError};
 pub use raft_slot::parked_total;
 pub use wal::Wal;

@@ -29,6 +29,15 @@ pub struct QueueKey {
     pub declared_at: u64,
 }
 
+/// A consumer as a queue's members name it, whichever node it reads
+/// through: its connection, channel and tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerKey {
+    pub connection_id: ConnectionId,
+    pub channel_id: u16,
+    pub tag: Arc<str>,
+}
+
 /// What a client did with messages delivered from a remote queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settlement {
@@ -104,6 +113,11 @@ pub trait ForwardHome: Send + Sync {
     fn dispatch(&self, key: &QueueKey);
 
     fn settle(&self, key: &QueueKey, settlement: Settlement, messages: &[MessageId]);
+
+    /// Tells the home node's member of quorum queue `key` that consumers
+    /// `gone` are gone, what they held to go back (see
+    /// [`crate::queue::Queue::retire`]).
+    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]);
 
     /// basic.get on the home node: the message (settled later by its id,
     /// unless `no_ack`) and the count left behind it.

@@ -25,7 +25,7 @@ use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
 use crate::queue_type::QueueType;
-use forwarding::{ForwardHome, QueueKey};
+use forwarding::{ConsumerKey, ForwardHome, QueueKey};
 
 pub mod forwarding;
 
@@ -288,6 +288,19 @@ pub trait Queue: Send + Sync {
     /// the caller notifies with basic.cancel, and the number of ready
     /// messages dropped.
     fn delete(&self) -> (Vec<Arc<Consumer>>, u32);
+
+    /// As [`Queue::delete`], for this node's object of a queue that goes
+    /// on elsewhere: a quorum queue's member on a node that left its
+    /// members, to be replaced here by `successor`. What its consumers
+    /// held goes back to the queue through `successor`, since this object
+    /// can no longer settle it.
+    fn retire(&self, _successor: &Arc<dyn Queue>) -> (Vec<Arc<Consumer>>, u32) {
+        self.delete()
+    }
+
+    /// The consumers `gone` are gone from a quorum queue, what they held
+    /// returned (see [`Queue::retire`]). Nothing for other kinds.
+    fn consumers_gone(&self, _gone: &[ConsumerKey]) {}
 
     fn is_deleted(&self) -> bool;
 

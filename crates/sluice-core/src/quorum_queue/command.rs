@@ -153,6 +153,9 @@ pub enum Command {
     /// The node numbered `node` went down: every consumer of its
     /// connections is gone, its deliveries returned.
     NodeDown { node: u16 },
+    /// One consumer is gone, its deliveries returned: the member it read
+    /// through left the queue's members, and it heard basic.cancel.
+    ConsumerDown { consumer: ConsumerId },
     /// queue.purge: every ready message dropped.
     Purge,
     /// Time passed (expiry is judged by log time, the same on every

@@ -335,6 +335,10 @@ impl QueueMachine {
                     .retain(|publisher, _| publisher >> 16 != connection);
                 Reply::Ok
             }
+            Command::ConsumerDown { consumer } => {
+                self.remove_consumers(|known| *known == consumer, &mut effects);
+                Reply::Ok
+            }
             Command::NodeDown { node } => {
                 self.remove_consumers(
                     |consumer| consumer.connection >> NODE_SHIFT == u64::from(node),

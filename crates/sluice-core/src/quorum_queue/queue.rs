@@ -41,7 +41,7 @@ use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::NEVER;
 use crate::message::{Message, QueuedMessage};
 use crate::paging::NodeResident;
-use crate::queue::forwarding::{ForwardHome, QueueKey, RemoteReply, Settlement};
+use crate::queue::forwarding::{ConsumerKey, ForwardHome, QueueKey, RemoteReply, Settlement};
 use crate::queue::{
     ConnectionId, Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueHost,
     QueueOptions, QueueStats,
@@ -307,8 +307,7 @@ impl QuorumQueue {
             channel: 0,
             tag: "basic.get".to_owned(),
         };
-        // A member with a log of its own had a previous run on this node.
-        let restarts = spec.dir.exists();
+        let restarts = groups.ran_here_before(&spec.dir, &spec.members.by_id());
         let queue = Arc::new_cyclic(|this| QuorumQueue {
             key: QueueKey {
                 vhost: Arc::clone(&spec.vhost),
@@ -487,6 +486,21 @@ impl QuorumQueue {
                                 .collect();
                             for id in gone {
                                 if let Some(local) = member.consumers.remove(&id) {
+                                    local.consumer.sink.cancelled_by_queue(&local.consumer);
+                                }
+                            }
+                            None
+                        }
+                        Command::ConsumerDown { consumer } => {
+                            // Not one this member lets go of (see
+                            // `retire`), unless it subscribed here again
+                            // in between: it is gone all the same.
+                            let subscribed = member
+                                .consumers
+                                .get(consumer)
+                                .is_some_and(|local| local.checked_out);
+                            if subscribed {
+                                if let Some(local) = member.consumers.remove(consumer) {
                                     local.consumer.sink.cancelled_by_queue(&local.consumer);
                                 }
                             }
@@ -1094,6 +1108,10 @@ impl ForwardHome for QuorumQueue {
         self.settle_ids(messages, settlement);
     }
 
+    fn consumers_gone(&self, _key: &QueueKey, gone: &[ConsumerKey]) {
+        Queue::consumers_gone(self, gone);
+    }
+
     fn get(&self, _key: QueueKey, no_ack: bool) -> RemoteReply<Option<(QueuedMessage, u32)>> {
         let holder = lock(&self.member).slots[&GET_SLOT].clone();
         let reply = self.request(Command::Dequeue {
@@ -1289,6 +1307,46 @@ impl Queue for QuorumQueue {
             .collect();
         member.bodies.clear();
         (consumers, u32::try_from(ready).unwrap_or(u32::MAX))
+    }
+
+    /// This node left the members: the member stops and erases its log as
+    /// on delete. Its consumers (this node's channels, and peers' that
+    /// read through it) hear basic.cancel, and since this member can no
+    /// longer propose, `successor` asks the members that stay to return
+    /// what they held: the consumers' channels keep their unacked
+    /// messages, whose settlements now reach no member, and the messages
+    /// go to other consumers, marked redelivered.
+    fn retire(&self, successor: &Arc<dyn Queue>) -> (Vec<Arc<Consumer>>, u32) {
+        let gone: Vec<ConsumerKey> = lock(&self.member)
+            .consumers
+            .keys()
+            .map(|id| ConsumerKey {
+                connection_id: id.connection,
+                channel_id: id.channel,
+                tag: Arc::from(id.tag.as_str()),
+            })
+            .collect();
+        let deleted = self.delete();
+        if !gone.is_empty() {
+            tracing::info!(queue = %self.name, vhost = %self.vhost, consumers = gone.len(), "this node left the quorum queue's members: its consumers are cancelled and what they held goes back");
+            successor.consumers_gone(&gone);
+        }
+        deleted
+    }
+
+    fn consumers_gone(&self, gone: &[ConsumerKey]) {
+        for consumer in gone {
+            self.proposer.submit(
+                Item::Machine(Command::ConsumerDown {
+                    consumer: ConsumerId {
+                        connection: consumer.connection_id,
+                        channel: consumer.channel_id,
+                        tag: consumer.tag.to_string(),
+                    },
+                }),
+                Waiter::Nobody,
+            );
+        }
     }
 
     fn is_deleted(&self) -> bool {

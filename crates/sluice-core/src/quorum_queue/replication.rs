@@ -128,6 +128,11 @@ pub trait QuorumGroups: Send + Sync {
     /// member of a group. Returns at once; proposals wait for the start.
     fn open(&self, spec: GroupSpec, machine: Box<dyn ReplicatedMachine>) -> Arc<dyn ReplicatedLog>;
 
+    /// Whether this node's member among `members` (ids to nodes) ran here
+    /// before: `dir` holds its own files, not nothing or an earlier
+    /// member's.
+    fn ran_here_before(&self, dir: &std::path::Path, members: &BTreeMap<u64, String>) -> bool;
+
     /// This node's name, as group members are named.
     fn local_node(&self) -> String;
 

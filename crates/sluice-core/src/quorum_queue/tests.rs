@@ -292,6 +292,50 @@ fn quorum_machine_single_active_consumer_hands_over_in_subscription_order() {
     assert_eq!(machine.active_consumer(), Some(&consumer(2, "b")));
 }
 
+#[test]
+fn quorum_machine_consumer_down_returns_what_that_consumer_alone_held() {
+    let mut machine = QueueMachine::new(QueueConfig::default());
+    // Two consumers of one connection, one message each.
+    for (index, tag) in ["a", "b"].into_iter().enumerate() {
+        machine.apply(
+            index as u64 + 1,
+            0,
+            Command::Checkout {
+                consumer: consumer(1, tag),
+                spec: spec(1),
+            },
+        );
+    }
+    let (_, first) = machine.apply(3, 0, enqueue());
+    let (_, second) = machine.apply(4, 0, enqueue());
+    assert_eq!(
+        [deliveries(&first), deliveries(&second)].concat(),
+        [("a".into(), 0, 3, 0), ("b".into(), 0, 4, 0)]
+    );
+    // a is gone (its member left): its message goes back, and to b once
+    // b has room; b keeps its own.
+    let (reply, effects) = machine.apply(
+        5,
+        0,
+        Command::ConsumerDown {
+            consumer: consumer(1, "a"),
+        },
+    );
+    assert_eq!(reply, Reply::Ok);
+    assert!(deliveries(&effects).is_empty());
+    assert_eq!(machine.stats().messages_ready, 1);
+    assert_eq!(machine.stats().consumers, 1);
+    let (_, effects) = machine.apply(
+        6,
+        0,
+        Command::Settle {
+            consumer: consumer(1, "b"),
+            deliveries: vec![0],
+        },
+    );
+    assert_eq!(deliveries(&effects), [("b".into(), 1, 3, 1)]);
+}
+
 /// One step of a random run: what to do, with numbers the harness maps
 /// onto what exists at that moment.
 #[derive(Clone, Debug)]
@@ -314,6 +358,8 @@ enum Step {
     Discard(u8, u8),
     Bogus(u8),
     Down(u8),
+    /// One consumer is gone (its member left), its deliveries returned.
+    Gone(u8),
     Purge,
     Tick,
     /// At-least-once dead-lettering settles the `pick`-th message waiting.
@@ -332,6 +378,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..4, any::<u8>()).prop_map(|(c, pick)| Step::Discard(c, pick)),
         1 => (0u8..4).prop_map(Step::Bogus),
         1 => (0u8..3).prop_map(Step::Down),
+        1 => (0u8..4).prop_map(Step::Gone),
         1 => Just(Step::Purge),
         1 => Just(Step::Tick),
         1 => any::<u8>().prop_map(Step::DeadLettered),
@@ -647,6 +694,13 @@ proptest! {
                         model.last_seen.remove(&(u64::from(connection) << 16));
                     }
                     Command::ConnectionDown { connection: u64::from(connection) }
+                }
+                Step::Gone(consumer) => {
+                    model.subscribed.remove(&consumer);
+                    for (_, index) in model.held.remove(&consumer).unwrap_or_default() {
+                        model.places.insert(index, Place::Ready);
+                    }
+                    Command::ConsumerDown { consumer: id_of(consumer) }
                 }
                 Step::Purge => Command::Purge,
                 Step::Tick => Command::Tick,

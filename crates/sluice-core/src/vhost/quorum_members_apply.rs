@@ -104,9 +104,10 @@ impl VirtualHost {
             // it is dropped with the last channel that holds it.
             return;
         }
-        // The member this node leaves stops and erases its log; a stand-in
-        // for a queue homed elsewhere lets go of what it forwarded.
-        let (consumers, _) = queue.delete();
+        // The member this node leaves stops and erases its log, and what its
+        // consumers held goes back through the replacement; a stand-in for
+        // a queue homed elsewhere lets go of what it forwarded.
+        let (consumers, _) = queue.retire(&replacement);
         for consumer in consumers {
             consumer.sink.cancelled_by_queue(&consumer);
         }

@@ -30,7 +30,9 @@ use sluice_core::broker::Broker;
 use sluice_core::confirm::PendingSafety;
 use sluice_core::error::AmqpError;
 use sluice_core::message::{Message, QueuedMessage};
-use sluice_core::queue::forwarding::{ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement};
+use sluice_core::queue::forwarding::{
+    ConsumerKey, ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement,
+};
 use sluice_core::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -183,6 +185,7 @@ impl PeerForwarding {
                 settlement,
                 messages,
             } => session.served.settle(&key, settlement, &messages),
+            Op::ConsumersGone { key, gone } => session.served.consumers_gone(&key, &gone),
             Op::Get {
                 request,
                 key,
@@ -343,6 +346,19 @@ impl ForwardHome for PeerForwarding {
         }
     }
 
+    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]) {
+        // The first thing this node may send the peer (its consumers read
+        // through its own member until now), so the session opens here.
+        // Dropped with a link that is down: the peer then takes this node
+        // for down, and its consumers with it.
+        if let Some(session) = self.session() {
+            session.lane.send(&Op::ConsumersGone {
+                key: key.clone(),
+                gone: gone.to_vec(),
+            });
+        }
+    }
+
     fn get(&self, key: QueueKey, no_ack: bool) -> RemoteReply<Option<(QueuedMessage, u32)>> {
         let reply = self.request(&key.clone(), move |request| Op::Get {
             request,
@@ -497,6 +513,7 @@ async fn catch_up_with(broker: &Broker, op: &Op) {
         Op::Publish { targets, .. } => targets.iter().map(|key| key.declared_at).max(),
         Op::Consume(request) => Some(request.key.declared_at),
         Op::Settle { key, .. }
+        | Op::ConsumersGone { key, .. }
         | Op::Get { key, .. }
         | Op::Purge { key, .. }
         | Op::Stats { key, .. } => Some(key.declared_at),

@@ -17,7 +17,7 @@ use sluice_core::broker::Broker;
 use sluice_core::confirm::{ConfirmStatus, ConfirmTicket};
 use sluice_core::error::AmqpError;
 use sluice_core::message::{Message, QueuedMessage};
-use sluice_core::queue::forwarding::{QueueKey, Settlement};
+use sluice_core::queue::forwarding::{ConsumerKey, QueueKey, Settlement};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, PublishOutcome, Queue};
 
 use super::lane::Lane;
@@ -302,6 +302,17 @@ impl Served {
         queue.dispatch();
     }
 
+    /// Consumers of the peer's whose member there left quorum queue `key`'s
+    /// members: this node's member returns what they held.
+    pub fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]) {
+        match self.queue(key) {
+            Some(queue) => queue.consumers_gone(gone),
+            None => {
+                tracing::warn!(queue = %key.name, vhost = %key.vhost, "consumers gone from a queue not found here")
+            }
+        }
+    }
+
     pub fn get(self: &Arc<Self>, request: u64, key: &QueueKey, no_ack: bool) {
         let Some(queue) = self.queue(key) else {
             self.fail(request, &Self::no_queue(key));
@@ -499,6 +510,13 @@ impl DeliverySink for ProxySink {
             return;
         };
         lock(&served.consumers).remove(&self.consumer);
+        // What it was delivered is settled by no one through this node any
+        // more: the queue was deleted, or its member here left the members
+        // and had it returned. The peer's late settlements of these ids
+        // must not reach whatever serves the queue here now.
+        if let Some(of_queue) = lock(&served.outstanding).get_mut(&self.key) {
+            of_queue.retain(|_, holder| *holder != self.consumer);
+        }
         served.lane.send(&Op::Cancelled {
             consumer: self.consumer,
         });

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use sluice_core::message::Message;
-use sluice_core::queue::forwarding::{QueueKey, Settlement};
+use sluice_core::queue::forwarding::{ConsumerKey, QueueKey, Settlement};
 use sluice_wire::content::RawProperties;
 
 /// The link channel that carries forwarded queue operations.
@@ -47,6 +47,12 @@ pub enum Op {
         key: QueueKey,
         settlement: Settlement,
         messages: Vec<u64>,
+    },
+    /// Consumers of quorum queue `key` whose member on the client's node
+    /// left the queue's members: gone, what they held to go back.
+    ConsumersGone {
+        key: QueueKey,
+        gone: Vec<ConsumerKey>,
     },
     Get {
         request: u64,
@@ -133,6 +139,7 @@ mod tag {
     pub const GET: u8 = 6;
     pub const PURGE: u8 = 7;
     pub const STATS: u8 = 8;
+    pub const CONSUMERS_GONE: u8 = 9;
     pub const ANSWERS: u8 = 20;
     pub const CONSUME_OK: u8 = 21;
     pub const FAILED: u8 = 22;
@@ -230,6 +237,16 @@ impl Op {
                 put_key(out, key);
                 out.put_u8(settlement_byte(*settlement));
                 put_ids(out, messages);
+            }
+            Op::ConsumersGone { key, gone } => {
+                out.put_u8(tag::CONSUMERS_GONE);
+                put_key(out, key);
+                out.put_u32(gone.len() as u32);
+                for consumer in gone {
+                    out.put_u64(consumer.connection_id);
+                    out.put_u16(consumer.channel_id);
+                    put_bytes(out, consumer.tag.as_bytes());
+                }
             }
             Op::Get {
                 request,
@@ -377,6 +394,19 @@ impl Op {
                     settlement,
                     messages: reader.ids()?,
                 }
+            }
+            tag::CONSUMERS_GONE => {
+                let key = reader.key()?;
+                let count = reader.u32()? as usize;
+                let mut gone = Vec::with_capacity(count.min(1024));
+                for _ in 0..count {
+                    gone.push(ConsumerKey {
+                        connection_id: reader.u64()?,
+                        channel_id: reader.u16()?,
+                        tag: Arc::from(reader.string()?.as_str()),
+                    });
+                }
+                Op::ConsumersGone { key, gone }
             }
             tag::GET => Op::Get {
                 request: reader.u64()?,
@@ -582,6 +612,21 @@ mod tests {
                 key: key("a"),
                 settlement: Settlement::Requeue,
                 messages: vec![1, 5, 9],
+            },
+            Op::ConsumersGone {
+                key: key("a"),
+                gone: vec![
+                    ConsumerKey {
+                        connection_id: 1 << 48 | 7,
+                        channel_id: 2,
+                        tag: Arc::from("worker"),
+                    },
+                    ConsumerKey {
+                        connection_id: 9,
+                        channel_id: 65535,
+                        tag: Arc::from(""),
+                    },
+                ],
             },
             Op::Failed {
                 request: 3,

@@ -145,13 +145,28 @@ impl Drop for Node {
     }
 }
 
-/// Waits until every node takes AMQP connections. A node binds its AMQP and
-/// management listeners together once it has joined a majority, and the
-/// nodes get there at different times: one serving says nothing of the
-/// others.
+/// Waits until every node listens for AMQP connections. A node binds its
+/// AMQP and management listeners together once it has joined a majority,
+/// and the nodes get there at different times: one serving says nothing of
+/// the others. Panics with the node's log when one does not within a
+/// minute.
 pub async fn wait_until_every_node_serves(nodes: &[Node]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
     for node in nodes {
-        drop(super::connect(node.amqp_port).await);
+        while tokio::net::TcpStream::connect(("127.0.0.1", node.amqp_port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                panic!(
+                    "{} does not listen on {} after a minute; it logged:\n{}",
+                    node.name,
+                    node.amqp_port,
+                    node.logged_since_mark().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -209,9 +224,36 @@ fn write_config(path: &Path, name: &str, members: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// A connection to `node`, tried for a minute while the node starts;
+/// panics with the node's log when it takes none.
+pub async fn connect_to(node: &Node) -> lapin::Connection {
+    let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", node.amqp_port);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(10),
+            lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+        )
+        .await;
+        let failure = match attempt {
+            Ok(Ok(connection)) => return connection,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "no handshake within 10 s".to_owned(),
+        };
+        if Instant::now() > deadline {
+            panic!(
+                "cannot connect to {}: {failure}; it logged:\n{}",
+                node.name,
+                node.logged_since_mark().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A connection to `node` and a channel on it.
 pub async fn channel_on(node: &Node) -> (lapin::Connection, lapin::Channel) {
-    let connection = super::connect(node.amqp_port).await;
+    let connection = connect_to(node).await;
     let channel = connection.create_channel().await.expect("channel opens");
     (connection, channel)
 }
