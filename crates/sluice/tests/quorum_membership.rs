@@ -58,6 +58,20 @@ async fn call_async(
         .unwrap()
 }
 
+/// Asks node `api` to add `node` to `queue`'s members (`change` "add") or
+/// to remove it ("delete"), as `rabbitmq-queues` does through the HTTP API:
+/// the status and body of the answer.
+async fn change_member(api: u16, change: &'static str, queue: &str, node: &str) -> (u16, Value) {
+    let method = if change == "add" { "POST" } else { "DELETE" };
+    call_async(
+        api,
+        method,
+        format!("/api/queues/quorum/%2F/{queue}/replicas/{change}"),
+        Some(json!({ "node": node })),
+    )
+    .await
+}
+
 /// The members of `queue` as node `port` lists them, once `check` holds.
 async fn members_once(port: u16, queue: &str, check: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -125,6 +139,18 @@ fn with_management(nodes: &[Node]) -> Vec<u16> {
     ports
 }
 
+/// A cluster of `count` nodes with the management API on, started, each
+/// listening; the nodes and their API ports.
+async fn started_with_management(test: &str, count: usize) -> (Vec<Node>, Vec<u16>) {
+    let mut nodes = cluster(test, &vec!["secret"; count]);
+    let api = with_management(&nodes);
+    for node in &mut nodes {
+        node.start();
+    }
+    wait_until_every_node_serves(&nodes).await;
+    (nodes, api)
+}
+
 async fn publish_confirmed(node: &Node, numbers: std::ops::Range<u32>) {
     publish_confirmed_to(node, "grown", numbers).await;
 }
@@ -146,13 +172,8 @@ async fn publish_confirmed_to(node: &Node, queue: &str, numbers: std::ops::Range
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
-    let mut nodes = cluster("membership", &["secret", "secret", "secret"]);
-    let api = with_management(&nodes);
-    for node in &mut nodes {
-        node.start();
-    }
+    let (mut nodes, api) = started_with_management("membership", 3).await;
     let names: Vec<String> = nodes.iter().map(|node| node.name.clone()).collect();
-    wait_until_every_node_serves(&nodes).await;
 
     // A queue of one member, on node 1, with messages.
     let (_declaring, channel) = channel_on(&nodes[0]).await;
@@ -166,14 +187,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     );
 
     // Asked of node 3, which holds no member: node 2 joins.
-    let add = json!({"node": names[1]});
-    let (status, body) = call_async(
-        api[2],
-        "POST",
-        "/api/queues/quorum/%2F/grown/replicas/add".into(),
-        Some(add),
-    )
-    .await;
+    let (status, body) = change_member(api[2], "add", "grown", &names[1]).await;
     assert_eq!(status, 204, "{body}");
     // Then every quorum queue grows to node 3, with `sluice ctl` asking
     // node 2.
@@ -207,14 +221,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     members_once(api[2], "grown", |members| same_members(members, &all)).await;
 
     // Refusals, with their reasons.
-    let unknown = json!({"node": "nobody@127.0.0.1:1"});
-    let (status, body) = call_async(
-        api[0],
-        "POST",
-        "/api/queues/quorum/%2F/grown/replicas/add".into(),
-        Some(unknown),
-    )
-    .await;
+    let (status, body) = change_member(api[0], "add", "grown", "nobody@127.0.0.1:1").await;
     assert_eq!(status, 404, "{body}");
     assert!(
         body["reason"]
@@ -223,13 +230,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
             .contains("node_not_running"),
         "{body}"
     );
-    let (status, _) = call_async(
-        api[0],
-        "POST",
-        "/api/queues/quorum/%2F/missing/replicas/add".into(),
-        Some(json!({"node": names[1]})),
-    )
-    .await;
+    let (status, _) = change_member(api[0], "add", "missing", &names[1]).await;
     assert_eq!(status, 404);
 
     // The first member goes: the added ones caught up, elect a leader
@@ -318,23 +319,11 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
     nodes[1].kill();
     nodes[1].start();
     members_once(api[1], "grown", |members| same_members(members, &two)).await;
-    let (status, body) = call_async(
-        api[1],
-        "DELETE",
-        "/api/queues/quorum/%2F/grown/replicas/delete".into(),
-        Some(json!({"node": names[0]})),
-    )
-    .await;
+    let (status, body) = change_member(api[1], "delete", "grown", &names[0]).await;
     assert_eq!(status, 204, "{body}");
     let only = [names[1].as_str()];
     members_once(api[0], "grown", |members| same_members(members, &only)).await;
-    let (status, body) = call_async(
-        api[0],
-        "DELETE",
-        "/api/queues/quorum/%2F/grown/replicas/delete".into(),
-        Some(json!({"node": names[1]})),
-    )
-    .await;
+    let (status, body) = change_member(api[0], "delete", "grown", &names[1]).await;
     assert_eq!(status, 400, "{body}");
     assert!(
         body["reason"].as_str().unwrap().starts_with("last_node"),
@@ -349,12 +338,7 @@ async fn quorum_membership_grows_fails_over_to_added_members_and_shrinks() {
 /// the kill, and every confirmed message is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_home_dies() {
-    let mut nodes = cluster("outside-members", &["secret", "secret", "secret", "secret"]);
-    let api = with_management(&nodes);
-    for node in &mut nodes {
-        node.start();
-    }
-    wait_until_every_node_serves(&nodes).await;
+    let (mut nodes, api) = started_with_management("outside-members", 4).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
@@ -428,12 +412,7 @@ async fn quorum_queue_outside_its_members_is_served_by_another_member_when_its_h
 /// queue keeps its messages and takes more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_elect() {
-    let mut nodes = cluster("remove-idle-leader", &["secret", "secret", "secret"]);
-    let api = with_management(&nodes);
-    for node in &mut nodes {
-        node.start();
-    }
-    wait_until_every_node_serves(&nodes).await;
+    let (mut nodes, api) = started_with_management("remove-idle-leader", 3).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     declare_durable_with(&channel, "idle", quorum_arguments()).await;
     nodes[1].wait_for_log(
@@ -447,13 +426,7 @@ async fn quorum_membership_removing_an_idle_queues_leader_leaves_the_others_to_e
             Duration::from_secs(30),
         );
     }
-    let (status, body) = call_async(
-        api[1],
-        "DELETE",
-        "/api/queues/quorum/%2F/idle/replicas/delete".into(),
-        Some(json!({"node": nodes[0].name})),
-    )
-    .await;
+    let (status, body) = change_member(api[1], "delete", "idle", &nodes[0].name).await;
     assert_eq!(status, 204, "{body}");
     let left = [nodes[1].name.as_str(), nodes[2].name.as_str()];
     members_once(api[1], "idle", |members| same_members(members, &left)).await;
@@ -502,12 +475,7 @@ async fn next_numbered(consumer: &mut lapin::Consumer) -> (u32, bool, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_membership_joining_node_keeps_its_consumers_and_their_unacked_messages() {
-    let mut nodes = cluster("join-keeps-consumers", &["secret", "secret", "secret"]);
-    let api = with_management(&nodes);
-    for node in &mut nodes {
-        node.start();
-    }
-    wait_until_every_node_serves(&nodes).await;
+    let (nodes, api) = started_with_management("join-keeps-consumers", 3).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     let mut arguments = quorum_arguments();
     arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(1));
@@ -541,13 +509,7 @@ async fn quorum_membership_joining_node_keeps_its_consumers_and_their_unacked_me
     }
 
     // Node 2 joins the queue's members.
-    let (status, body) = call_async(
-        api[2],
-        "POST",
-        "/api/queues/quorum/%2F/kept/replicas/add".into(),
-        Some(json!({"node": nodes[1].name})),
-    )
-    .await;
+    let (status, body) = change_member(api[2], "add", "kept", &nodes[1].name).await;
     assert_eq!(status, 204, "{body}");
     let both = [nodes[0].name.as_str(), nodes[1].name.as_str()];
     members_once(api[1], "kept", |members| same_members(members, &both)).await;
@@ -621,12 +583,7 @@ fn fail_with_logs(nodes: &[Node], failure: &str) -> ! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_membership_leaving_node_gives_back_what_its_consumers_held() {
-    let mut nodes = cluster("leave-gives-back", &["secret", "secret", "secret"]);
-    let api = with_management(&nodes);
-    for node in &mut nodes {
-        node.start();
-    }
-    wait_until_every_node_serves(&nodes).await;
+    let (nodes, api) = started_with_management("leave-gives-back", 3).await;
     let (_declaring, channel) = channel_on(&nodes[0]).await;
     declare_durable_with(&channel, "left", quorum_arguments()).await;
     members_once(api[0], "left", |members| members.len() == 3).await;
@@ -666,13 +623,7 @@ async fn quorum_membership_leaving_node_gives_back_what_its_consumers_held() {
     // Node 2 leaves the members: its consumers hear basic.cancel, and
     // what they held goes back to the queue instead of staying out with
     // consumers no member serves.
-    let (status, body) = call_async(
-        api[2],
-        "DELETE",
-        "/api/queues/quorum/%2F/left/replicas/delete".into(),
-        Some(json!({"node": nodes[1].name})),
-    )
-    .await;
+    let (status, body) = change_member(api[2], "delete", "left", &nodes[1].name).await;
     assert_eq!(status, 204, "{body}");
     let left = [nodes[0].name.as_str(), nodes[2].name.as_str()];
     members_once(api[0], "left", |members| same_members(members, &left)).await;
