@@ -14,12 +14,27 @@ use lapin::{Channel, Connection, ConnectionProperties};
 pub mod cluster;
 pub mod raw;
 
+/// A port nothing listens on now, and that this test process has not
+/// handed out before: the system may offer a port again once the probe
+/// closes, and a cluster's ports are all picked before its nodes start, so
+/// without the record two nodes of one test (or of tests running side by
+/// side) could be given the same port, and one would fail to start.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// Connects as guest, retrying for up to 60 s while the broker starts (a
