@@ -42,10 +42,13 @@ impl RoundPacing {
     }
 
     /// Counts a writer into the next round, once per round: `counted_for`
-    /// is the writer's own, the round it last counted itself into.
+    /// is the writer's own, the round it last counted itself into. A writer
+    /// appends from one task at a time, so a plain load and store do; only
+    /// its first append of a round touches the shared count.
     pub fn count_writer(&self, counted_for: &AtomicU64) {
         let round = self.rounds_started.load(Ordering::Acquire);
-        if counted_for.swap(round, Ordering::AcqRel) != round {
+        if counted_for.load(Ordering::Relaxed) != round {
+            counted_for.store(round, Ordering::Relaxed);
             self.writers.fetch_add(1, Ordering::AcqRel);
         }
     }

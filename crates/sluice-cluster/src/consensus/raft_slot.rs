@@ -164,21 +164,28 @@ impl RaftSlot {
         Ok(in_use)
     }
 
+    /// Marks the slot parked and hands out its running node, to be shut
+    /// down; none when it is not running, or when `only_unused` and
+    /// someone uses it.
+    fn take_running(&self, only_unused: bool) -> Option<Raft> {
+        let mut slot = lock(&self.slot);
+        let Slot::Running { raft, users } = &*slot else {
+            return None;
+        };
+        if only_unused && Arc::strong_count(users) > 1 {
+            return None;
+        }
+        let raft = raft.clone();
+        *slot = Slot::Parked(metrics_of(&raft));
+        Some(raft)
+    }
+
     /// Shuts the node down if it runs and nobody uses it. True when it
     /// parked.
     pub(super) async fn park(&self) -> bool {
         let _transition = self.transition.lock().await;
-        let raft = {
-            let mut slot = lock(&self.slot);
-            let Slot::Running { raft, users } = &*slot else {
-                return false;
-            };
-            if Arc::strong_count(users) > 1 {
-                return false;
-            }
-            let raft = raft.clone();
-            *slot = Slot::Parked(metrics_of(&raft));
-            raft
+        let Some(raft) = self.take_running(true) else {
+            return false;
         };
         if let Err(error) = raft.shutdown().await {
             tracing::warn!(%error, "a parked raft node did not stop cleanly");
@@ -192,14 +199,8 @@ impl RaftSlot {
         let _transition = self.transition.lock().await;
         self.stopped.store(true, Ordering::Release);
         self.restarts.send_modify(|restarts| *restarts += 1);
-        let raft = {
-            let mut slot = lock(&self.slot);
-            let Slot::Running { raft, .. } = &*slot else {
-                return Ok(());
-            };
-            let raft = raft.clone();
-            *slot = Slot::Parked(metrics_of(&raft));
-            raft
+        let Some(raft) = self.take_running(false) else {
+            return Ok(());
         };
         raft.shutdown().await.map_err(|error| error.to_string())
     }

@@ -25,7 +25,8 @@ use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
 use crate::queue_type::QueueType;
-use forwarding::{ConsumerKey, ForwardHome, QueueKey};
+use crate::quorum_queue::command::ConsumerId;
+use forwarding::{ForwardHome, QueueKey};
 
 pub mod forwarding;
 
@@ -300,7 +301,7 @@ pub trait Queue: Send + Sync {
 
     /// The consumers `gone` are gone from a quorum queue, what they held
     /// returned (see [`Queue::retire`]). Nothing for other kinds.
-    fn consumers_gone(&self, _gone: &[ConsumerKey]) {}
+    fn consumers_gone(&self, _gone: &[ConsumerId]) {}
 
     fn is_deleted(&self) -> bool;
 
