@@ -19,12 +19,11 @@ use crate::counters::MessageCounts;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
 use crate::metadata::MetadataProposer;
-use crate::queue::forwarding::{ForwardHome, QueueKey, Settlement};
+use crate::queue::forwarding::{ConsumerKey, ForwardHome, QueueKey, Settlement};
 use crate::queue::{
     Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueOptions, QueueStats,
 };
 use crate::queue_type::QueueType;
-use crate::quorum_queue::command::ConsumerId;
 use sluice_wire::reply_code::ReplyCode;
 
 /// Why this node cannot serve the queue's messages.
@@ -300,7 +299,7 @@ impl Queue for RemoteQueue {
         (consumers, 0)
     }
 
-    fn consumers_gone(&self, gone: &[ConsumerId]) {
+    fn consumers_gone(&self, gone: &[ConsumerKey]) {
         if let Some(link) = self.forward() {
             link.consumers_gone(&self.key, gone);
         }

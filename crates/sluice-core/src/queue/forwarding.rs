@@ -18,7 +18,6 @@ use std::sync::Arc;
 use crate::error::AmqpResult;
 use crate::message::{Message, QueuedMessage};
 use crate::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
-use crate::quorum_queue::command::ConsumerId;
 
 /// A queue as another node names it: by vhost and name, and by the
 /// metadata entry that declared it, so that an operation meant for one
@@ -28,6 +27,15 @@ pub struct QueueKey {
     pub vhost: Arc<str>,
     pub name: Arc<str>,
     pub declared_at: u64,
+}
+
+/// A consumer as a queue's members name it, whichever node it reads
+/// through: its connection, channel and tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerKey {
+    pub connection_id: ConnectionId,
+    pub channel_id: u16,
+    pub tag: Arc<str>,
 }
 
 /// What a client did with messages delivered from a remote queue.
@@ -109,7 +117,7 @@ pub trait ForwardHome: Send + Sync {
     /// Tells the home node's member of quorum queue `key` that consumers
     /// `gone` are gone, what they held to go back (see
     /// [`crate::queue::Queue::retire`]).
-    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerId]);
+    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]);
 
     /// basic.get on the home node: the message (settled later by its id,
     /// unless `no_ack`) and the count left behind it.

@@ -25,8 +25,7 @@ use crate::dead_letter::{DeadLetter, DeadLetterTarget};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::{Message, QueuedMessage};
 use crate::queue_type::QueueType;
-use crate::quorum_queue::command::ConsumerId;
-use forwarding::{ForwardHome, QueueKey};
+use forwarding::{ConsumerKey, ForwardHome, QueueKey};
 
 pub mod forwarding;
 
@@ -301,7 +300,7 @@ pub trait Queue: Send + Sync {
 
     /// The consumers `gone` are gone from a quorum queue, what they held
     /// returned (see [`Queue::retire`]). Nothing for other kinds.
-    fn consumers_gone(&self, _gone: &[ConsumerId]) {}
+    fn consumers_gone(&self, _gone: &[ConsumerKey]) {}
 
     fn is_deleted(&self) -> bool;
 

@@ -41,7 +41,7 @@ use crate::error::{AmqpError, AmqpResult};
 use crate::expiry::NEVER;
 use crate::message::{Message, QueuedMessage};
 use crate::paging::NodeResident;
-use crate::queue::forwarding::{ForwardHome, QueueKey, RemoteReply, Settlement};
+use crate::queue::forwarding::{ConsumerKey, ForwardHome, QueueKey, RemoteReply, Settlement};
 use crate::queue::{
     ConnectionId, Consumer, ConsumerRemoved, MessageId, PublishOutcome, Queue, QueueHost,
     QueueOptions, QueueStats,
@@ -1108,7 +1108,7 @@ impl ForwardHome for QuorumQueue {
         self.settle_ids(messages, settlement);
     }
 
-    fn consumers_gone(&self, _key: &QueueKey, gone: &[ConsumerId]) {
+    fn consumers_gone(&self, _key: &QueueKey, gone: &[ConsumerKey]) {
         Queue::consumers_gone(self, gone);
     }
 
@@ -1317,7 +1317,15 @@ impl Queue for QuorumQueue {
     /// messages, whose settlements now reach no member, and the messages
     /// go to other consumers, marked redelivered.
     fn retire(&self, successor: &Arc<dyn Queue>) -> (Vec<Arc<Consumer>>, u32) {
-        let gone: Vec<ConsumerId> = lock(&self.member).consumers.keys().cloned().collect();
+        let gone: Vec<ConsumerKey> = lock(&self.member)
+            .consumers
+            .keys()
+            .map(|id| ConsumerKey {
+                connection_id: id.connection,
+                channel_id: id.channel,
+                tag: Arc::from(id.tag.as_str()),
+            })
+            .collect();
         let deleted = self.delete();
         if !gone.is_empty() {
             tracing::info!(queue = %self.name, vhost = %self.vhost, consumers = gone.len(), "this node left the quorum queue's members: its consumers are cancelled and what they held goes back");
@@ -1326,11 +1334,15 @@ impl Queue for QuorumQueue {
         deleted
     }
 
-    fn consumers_gone(&self, gone: &[ConsumerId]) {
+    fn consumers_gone(&self, gone: &[ConsumerKey]) {
         for consumer in gone {
             self.proposer.submit(
                 Item::Machine(Command::ConsumerDown {
-                    consumer: consumer.clone(),
+                    consumer: ConsumerId {
+                        connection: consumer.connection_id,
+                        channel: consumer.channel_id,
+                        tag: consumer.tag.to_string(),
+                    },
                 }),
                 Waiter::Nobody,
             );

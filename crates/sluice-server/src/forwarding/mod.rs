@@ -30,9 +30,10 @@ use sluice_core::broker::Broker;
 use sluice_core::confirm::PendingSafety;
 use sluice_core::error::AmqpError;
 use sluice_core::message::{Message, QueuedMessage};
-use sluice_core::queue::forwarding::{ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement};
+use sluice_core::queue::forwarding::{
+    ConsumerKey, ForwardHome, Forwarding, QueueKey, RemoteReply, Settlement,
+};
 use sluice_core::queue::{ConnectionId, Consumer, MessageId, PublishOutcome, Queue, QueueStats};
-use sluice_core::quorum_queue::command::ConsumerId;
 use tokio::sync::{mpsc, watch, Notify};
 
 use client::ClientSide;
@@ -345,7 +346,7 @@ impl ForwardHome for PeerForwarding {
         }
     }
 
-    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerId]) {
+    fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]) {
         // The first thing this node may send the peer (its consumers read
         // through its own member until now), so the session opens here.
         // Dropped with a link that is down: the peer then takes this node

@@ -17,9 +17,8 @@ use sluice_core::broker::Broker;
 use sluice_core::confirm::{ConfirmStatus, ConfirmTicket};
 use sluice_core::error::AmqpError;
 use sluice_core::message::{Message, QueuedMessage};
-use sluice_core::queue::forwarding::{QueueKey, Settlement};
+use sluice_core::queue::forwarding::{ConsumerKey, QueueKey, Settlement};
 use sluice_core::queue::{Consumer, DeliverySink, MessageId, PublishOutcome, Queue};
-use sluice_core::quorum_queue::command::ConsumerId;
 
 use super::lane::Lane;
 use super::wire::{ConsumeRequest, Op};
@@ -305,7 +304,7 @@ impl Served {
 
     /// Consumers of the peer's whose member there left quorum queue `key`'s
     /// members: this node's member returns what they held.
-    pub fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerId]) {
+    pub fn consumers_gone(&self, key: &QueueKey, gone: &[ConsumerKey]) {
         match self.queue(key) {
             Some(queue) => queue.consumers_gone(gone),
             None => {

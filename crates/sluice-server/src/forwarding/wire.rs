@@ -13,8 +13,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use sluice_core::message::Message;
-use sluice_core::queue::forwarding::{QueueKey, Settlement};
-use sluice_core::quorum_queue::command::ConsumerId;
+use sluice_core::queue::forwarding::{ConsumerKey, QueueKey, Settlement};
 use sluice_wire::content::RawProperties;
 
 /// The link channel that carries forwarded queue operations.
@@ -53,7 +52,7 @@ pub enum Op {
     /// left the queue's members: gone, what they held to go back.
     ConsumersGone {
         key: QueueKey,
-        gone: Vec<ConsumerId>,
+        gone: Vec<ConsumerKey>,
     },
     Get {
         request: u64,
@@ -244,8 +243,8 @@ impl Op {
                 put_key(out, key);
                 out.put_u32(gone.len() as u32);
                 for consumer in gone {
-                    out.put_u64(consumer.connection);
-                    out.put_u16(consumer.channel);
+                    out.put_u64(consumer.connection_id);
+                    out.put_u16(consumer.channel_id);
                     put_bytes(out, consumer.tag.as_bytes());
                 }
             }
@@ -401,10 +400,10 @@ impl Op {
                 let count = reader.u32()? as usize;
                 let mut gone = Vec::with_capacity(count.min(1024));
                 for _ in 0..count {
-                    gone.push(ConsumerId {
-                        connection: reader.u64()?,
-                        channel: reader.u16()?,
-                        tag: reader.string()?,
+                    gone.push(ConsumerKey {
+                        connection_id: reader.u64()?,
+                        channel_id: reader.u16()?,
+                        tag: Arc::from(reader.string()?.as_str()),
                     });
                 }
                 Op::ConsumersGone { key, gone }
@@ -617,15 +616,15 @@ mod tests {
             Op::ConsumersGone {
                 key: key("a"),
                 gone: vec![
-                    ConsumerId {
-                        connection: 1 << 48 | 7,
-                        channel: 2,
-                        tag: "worker".to_owned(),
+                    ConsumerKey {
+                        connection_id: 1 << 48 | 7,
+                        channel_id: 2,
+                        tag: Arc::from("worker"),
                     },
-                    ConsumerId {
-                        connection: 9,
-                        channel: 65535,
-                        tag: String::new(),
+                    ConsumerKey {
+                        connection_id: 9,
+                        channel_id: 65535,
+                        tag: Arc::from(""),
                     },
                 ],
             },
