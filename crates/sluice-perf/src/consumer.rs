@@ -2,32 +2,30 @@
 //! server-named one bound with the run's routing key, as PerfTest does), and acks one by
 //! one, every N with `multiple`, or none with `--autoack`.
 //!
-//! Acks are queued on the channel without waiting for them to be written (see `run`).
+//! The consumer task reads its own socket: it handles every delivery one read brought, then
+//! writes the acks they call for in one write.
 //!
-//! Latency is taken when the delivery arrives, from the timestamp in the body
+//! Latency is taken when the delivery is read, from the timestamp in the body
 //! ([`crate::body`]); `--consumer-rate` then paces the consumer before it acks, as
 //! PerfTest's does.
 
 use std::sync::Arc;
 
-use futures_lite::{future, StreamExt as _};
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, Consumer as LapinConsumer};
+use sluice_wire::amq_protocol::protocol::{basic, AMQPClass};
+use sluice_wire::amq_protocol::types::FieldTable;
 use tokio::sync::watch;
 
 use crate::body::{self, Clock};
+use crate::client::{short_string, ClientConnection, Incoming};
 use crate::rate_limiter::RateLimiter;
 use crate::stats::Stats;
-use crate::topology;
+use crate::topology::{self, unexpected_answer};
 use crate::workload::Workload;
 use crate::PerfError;
 
 pub struct Consumer {
-    pub connection: Connection,
-    /// Acks go through the channel, not the delivery's `Acker` (see `run`).
-    channel: Channel,
-    deliveries: LapinConsumer,
+    pub connection: ClientConnection,
+    channel: u16,
     autoack: bool,
     /// Ack with `multiple` every this many deliveries; 1 acks each one.
     ack_every: u32,
@@ -43,58 +41,61 @@ impl Consumer {
     /// # Errors
     /// [`PerfError::Amqp`] for any refused step.
     pub async fn open(
-        connection: Connection,
+        mut connection: ClientConnection,
         workload: &Workload,
         queue: Option<String>,
         run_key: &str,
         stats: Arc<Stats>,
     ) -> Result<Consumer, PerfError> {
         let channel = connection
-            .create_channel()
+            .open_channel()
             .await
             .map_err(PerfError::amqp("opening a consumer channel"))?;
         if let Some(qos) = workload.qos.filter(|&qos| qos > 0) {
-            channel
-                .basic_qos(qos, BasicQosOptions::default())
+            connection
+                .call(
+                    channel,
+                    AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                        prefetch_count: qos,
+                        global: false,
+                    })),
+                )
                 .await
                 .map_err(PerfError::amqp("basic.qos"))?;
         }
         let queue = match queue {
             Some(queue) => queue,
             None => {
-                let name = topology::declare_queue(&channel, workload, "").await?;
+                let name = topology::declare_queue(&mut connection, channel, workload, "").await?;
                 if !workload.exchange.is_empty() {
                     let key = workload.routing_key.as_deref().unwrap_or(run_key);
-                    channel
-                        .queue_bind(
-                            name.as_str().into(),
-                            workload.exchange.as_str().into(),
-                            key.into(),
-                            QueueBindOptions::default(),
-                            FieldTable::default(),
-                        )
-                        .await
-                        .map_err(PerfError::amqp("queue.bind"))?;
+                    topology::bind_queue(&mut connection, channel, &name, &workload.exchange, key)
+                        .await?;
                 }
                 name
             }
         };
-        let deliveries = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions {
+        let answer = connection
+            .call(
+                channel,
+                AMQPClass::Basic(basic::AMQPMethod::Consume(basic::Consume {
+                    queue: short_string(&queue),
+                    consumer_tag: "".into(),
+                    no_local: false,
                     no_ack: workload.autoack,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
+                    exclusive: false,
+                    nowait: false,
+                    arguments: FieldTable::default(),
+                })),
             )
             .await
             .map_err(PerfError::amqp("basic.consume"))?;
+        if !matches!(answer, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))) {
+            return Err(unexpected_answer("basic.consume".into(), &answer));
+        }
         Ok(Consumer {
             connection,
             channel,
-            deliveries,
             autoack: workload.autoack,
             ack_every: workload.multi_ack_every.unwrap_or(1).max(1),
             message_limit: workload.cmessages,
@@ -110,7 +111,7 @@ impl Consumer {
     /// Consumes until `stop` turns true, the message limit is reached or the broker cancels.
     ///
     /// # Errors
-    /// [`PerfError::Amqp`] if a delivery or an ack fails.
+    /// [`PerfError::Amqp`] if the connection or channel fails.
     pub async fn run(
         mut self,
         mut limiter: RateLimiter,
@@ -118,52 +119,67 @@ impl Consumer {
     ) -> Result<Consumer, PerfError> {
         let mut unacked: u32 = 0;
         let mut consumed: u64 = 0;
-        loop {
+        'reading: loop {
+            while let Some(incoming) = self
+                .connection
+                .next_incoming()
+                .map_err(PerfError::amqp("receiving a delivery"))?
+            {
+                if *stop.borrow() || self.message_limit.is_some_and(|n| consumed >= n) {
+                    break 'reading;
+                }
+                let delivery_tag = match incoming {
+                    Incoming::Delivery { delivery_tag, body } => {
+                        let latency_us =
+                            body::timestamp(&body).and_then(|stamp| self.clock.elapsed_us(stamp));
+                        self.stats.on_consumed(latency_us);
+                        consumed += 1;
+                        delivery_tag
+                    }
+                    Incoming::Cancelled => break 'reading,
+                    Incoming::Confirm { .. } | Incoming::Returned => continue,
+                };
+                if limiter.is_limited() {
+                    // Acks already queued go out first: pacing holds back what comes next,
+                    // not what was handled.
+                    self.flush().await?;
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => break 'reading,
+                        _ = limiter.acquire() => {}
+                    }
+                }
+                if self.autoack {
+                    continue;
+                }
+                unacked += 1;
+                if unacked >= self.ack_every {
+                    self.connection
+                        .ack(self.channel, delivery_tag, self.ack_every > 1);
+                    unacked = 0;
+                }
+            }
+            self.flush().await?;
             if *stop.borrow() || self.message_limit.is_some_and(|n| consumed >= n) {
                 break;
             }
-            let delivery = tokio::select! {
+            tokio::select! {
                 biased;
                 _ = stop.changed() => break,
-                delivery = self.deliveries.next() => delivery,
-            };
-            let Some(delivery) = delivery else { break };
-            let delivery = delivery.map_err(PerfError::amqp("receiving a delivery"))?;
-            let latency_us =
-                body::timestamp(&delivery.data).and_then(|stamp| self.clock.elapsed_us(stamp));
-            self.stats.on_consumed(latency_us);
-            consumed += 1;
-            if limiter.is_limited() {
-                tokio::select! {
-                    biased;
-                    _ = stop.changed() => break,
-                    _ = limiter.acquire() => {}
+                read = self.connection.read_more() => {
+                    read.map_err(PerfError::amqp("receiving a delivery"))?;
                 }
-            }
-            if self.autoack {
-                continue;
-            }
-            unacked += 1;
-            if unacked >= self.ack_every {
-                // The first poll queues the ack frame on the channel, in order; waiting
-                // for it to be written would cost two thread hand-offs per message.
-                // `Acker::ack` is not used: lapin spawns a task per acker call, so two
-                // multiple acks can reach the wire in either order, and the broker
-                // rightly refuses the older one with 406 "unknown delivery tag".
-                // A failed ack means the channel is gone, which the delivery stream
-                // reports next.
-                let ack = self.channel.basic_ack(
-                    delivery.delivery_tag,
-                    BasicAckOptions {
-                        multiple: self.ack_every > 1,
-                    },
-                );
-                if let Some(Err(err)) = future::poll_once(ack).await {
-                    return Err(PerfError::amqp("basic.ack")(err));
-                }
-                unacked = 0;
             }
         }
+        // Acks of what was handled go out even when the run stops mid-read.
+        self.flush().await?;
         Ok(self)
+    }
+
+    async fn flush(&mut self) -> Result<(), PerfError> {
+        self.connection
+            .flush()
+            .await
+            .map_err(PerfError::amqp("basic.ack"))
     }
 }

@@ -1,13 +1,14 @@
-//! `sluice perf`: a load generator for AMQP 0-9-1 brokers with RabbitMQ PerfTest's flags,
-//! built on the lapin client. Every producer and consumer has its own connection and is one
-//! tokio task; latency is carried in the message body as PerfTest does and recorded in
-//! HdrHistograms.
+//! `sluice perf`: a load generator for AMQP 0-9-1 brokers with RabbitMQ PerfTest's flags.
+//! Every producer and consumer has its own connection and is one tokio task that reads and
+//! writes that connection's socket itself ([`client`]); latency is carried in the message
+//! body as PerfTest does and recorded in HdrHistograms.
 //!
 //! What lives where:
 //! - `args.rs`: the command line ([`PerfArgs`]), PerfTest's flags plus `--output`,
 //!   `--scenario`, `--scale`, `--sweep`.
 //! - `workload.rs`: [`Workload`], one run's resolved settings and the topology they imply.
 //! - `scenario.rs`: scenario files (`bench/scenarios/*.toml`) and `--scale`.
+//! - `client.rs`: the AMQP client of one connection, read and written by its own task.
 //! - `topology.rs`: connecting, declaring exchange/queues/bindings, deleting queues.
 //! - `body.rs`: the body layout (sequence + timestamp, PerfTest's) and the clocks.
 //! - `rate_limiter.rs`: the per-task send schedule behind `--rate` / `--consumer-rate`.
@@ -22,6 +23,7 @@
 pub mod args;
 pub mod body;
 pub mod chart;
+pub mod client;
 pub mod consumer;
 pub mod inflight;
 pub mod perftest_flags;
@@ -55,7 +57,7 @@ pub enum PerfError {
     #[error("{context}: {source}")]
     Amqp {
         context: String,
-        source: lapin::Error,
+        source: client::ClientError,
     },
     #[error("{}: {source}", path.display())]
     Io {
@@ -73,8 +75,8 @@ pub enum PerfError {
 }
 
 impl PerfError {
-    /// A `map_err` adapter that adds what was being done to a lapin error.
-    pub fn amqp(context: impl Into<String>) -> impl FnOnce(lapin::Error) -> PerfError {
+    /// A `map_err` adapter that adds what was being done to a client error.
+    pub fn amqp(context: impl Into<String>) -> impl FnOnce(client::ClientError) -> PerfError {
         let context = context.into();
         move |source| PerfError::Amqp { context, source }
     }

@@ -11,6 +11,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::client::ClientConnection;
 use crate::consumer::Consumer;
 use crate::publisher::Publisher;
 use crate::rate_limiter::RateLimiter;
@@ -112,7 +113,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
             topology::connect(uri, workload.connection_options(), "sluice-perf setup").await?,
         );
     }
-    topology::declare(&setups, &workload).await?;
+    topology::declare(&mut setups, &workload).await?;
     let brokers: Vec<String> = workload
         .uris
         .iter()
@@ -152,7 +153,7 @@ pub async fn run(workload: &Workload, options: &RunOptions) -> Result<RunResult,
     connections.extend(tasks.collect().await);
     let mut errors = tasks.errors;
     if options.delete_queues {
-        if let Err(err) = topology::delete_queues(&connections[0], &workload).await {
+        if let Err(err) = topology::delete_queues(&mut connections[0], &workload).await {
             errors.push(err.to_string());
         }
     }
@@ -323,7 +324,7 @@ impl Tasks {
 
     /// Waits for every client to stop (aborting those that do not within
     /// [`STOP_TIMEOUT`]) and returns their connections.
-    async fn collect(&mut self) -> Vec<lapin::Connection> {
+    async fn collect(&mut self) -> Vec<ClientConnection> {
         let (producers, consumers) = (&mut self.producers, &mut self.consumers);
         let (publishers, finished_consumers, errors) = (
             &mut self.finished_publishers,
@@ -352,7 +353,7 @@ impl Tasks {
             self.producers.abort_all();
             self.consumers.abort_all();
         }
-        let mut connections: Vec<lapin::Connection> = self
+        let mut connections: Vec<ClientConnection> = self
             .finished_publishers
             .drain(..)
             .map(|p| p.connection)
@@ -407,11 +408,11 @@ fn flatten<T>(
 }
 
 /// Closes connections concurrently, giving up after [`STOP_TIMEOUT`].
-async fn close_all(connections: Vec<lapin::Connection>) {
+async fn close_all(connections: Vec<ClientConnection>) {
     let mut closing = JoinSet::new();
     for connection in connections {
         closing.spawn(async move {
-            let _ = connection.close(200, "OK".into()).await;
+            connection.close().await;
         });
     }
     let _ = tokio::time::timeout(STOP_TIMEOUT, async {

@@ -3,42 +3,22 @@
 //! named queues, one server-named queue per consumer (see [`crate::consumer`]). Queues are
 //! durable when messages are persistent, auto-delete unless told otherwise.
 
-use async_compat::Compat;
-use lapin::options::{
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::tcp::AsyncTcpStream;
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::uri::{AMQPScheme, AMQPUri};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use tokio::net::{TcpSocket, TcpStream};
+use sluice_wire::amq_protocol::protocol::{channel, exchange, queue, AMQPClass};
+use sluice_wire::amq_protocol::types::{AMQPValue, FieldTable};
+use sluice_wire::amq_protocol::uri::AMQPUri;
 
+use crate::client::{short_string, ClientConnection, ClientError, SocketOptions};
 use crate::workload::{QueueArgument, Workload};
 use crate::PerfError;
 
 /// How each connection is set up, from the workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionOptions {
-    /// Proposed `frame_max`, unless the URI sets `?frame_max=`; 0 takes the broker's.
-    pub frame_max: u32,
-    /// SO_SNDBUF and SO_RCVBUF; 0 leaves them to the kernel.
-    pub send_buffer: u32,
-    pub receive_buffer: u32,
-}
+pub type ConnectionOptions = SocketOptions;
 
 /// Opens a connection named `name` (the broker shows it in its connection list).
 ///
-/// **Frame size.** lapin gives every connection a receive and a send buffer of 32 frames
-/// each, filled with zeroes, at the negotiated frame size: at RabbitMQ's and Sluice's 128 KiB
-/// that is 8 MiB a connection, 1.6 GB for 100 producers and 100 consumers. A frame that fits
-/// the message keeps both the memory and the zeroing in proportion.
-///
-/// **Socket buffers.** PerfTest sets SO_SNDBUF and SO_RCVBUF to 64 KiB. Left to the kernel,
-/// a publisher's send buffer grows to 4 MiB, so a publisher without confirms that outruns
-/// its broker keeps megabytes in the kernel, and the time its messages wait there counts as
-/// latency: one unthrottled publisher against Sluice measured a p50 of 60–75 ms with
-/// autotuned buffers and 27–33 ms with PerfTest's. So `sluice perf` sets them as PerfTest
-/// does, on its own socket; lapin's connector takes that socket in place of one it would open.
+/// **Frame size.** A frame that fits the message is proposed (see
+/// [`Workload::frame_max`]): the broker then never splits a body, and neither end keeps
+/// buffers sized for 128 KiB frames per connection.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker cannot be reached or refuses the login, or
@@ -47,67 +27,13 @@ pub async fn connect(
     uri: &str,
     options: ConnectionOptions,
     name: &str,
-) -> Result<Connection, PerfError> {
-    let mut parsed: AMQPUri = uri
+) -> Result<ClientConnection, PerfError> {
+    let parsed: AMQPUri = uri
         .parse()
         .map_err(|err| PerfError::Args(format!("--uri {}: {err}", redact(uri))))?;
-    if parsed.query.frame_max.is_none() && options.frame_max > 0 {
-        parsed.query.frame_max = Some(options.frame_max);
-    }
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    let connecting = if parsed.scheme == AMQPScheme::AMQP {
-        let runtime = lapin::runtime::default_runtime()
-            .map_err(PerfError::amqp("starting lapin's runtime"))?;
-        Connection::connector(
-            parsed,
-            runtime,
-            async move |uri: AMQPUri, _| {
-                Ok(AsyncTcpStream::Plain(open_socket(&uri, options).await?))
-            },
-            properties,
-        )
+    ClientConnection::open(&parsed, options, name)
         .await
-    } else {
-        // TLS: lapin's own socket, with the kernel's buffer sizes.
-        Connection::connect_uri(parsed, properties).await
-    };
-    connecting.map_err(PerfError::amqp(format!("connecting to {}", redact(uri))))
-}
-
-/// Connects a TCP socket to the URI's host with the options' buffer sizes and Nagle's
-/// algorithm off, trying each address the host resolves to.
-async fn open_socket(
-    uri: &AMQPUri,
-    options: ConnectionOptions,
-) -> std::io::Result<Compat<TcpStream>> {
-    let host = (uri.authority.host.as_str(), uri.authority.port);
-    let mut last_error = None;
-    for address in tokio::net::lookup_host(host).await? {
-        let socket = if address.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        if options.send_buffer > 0 {
-            socket.set_send_buffer_size(options.send_buffer)?;
-        }
-        if options.receive_buffer > 0 {
-            socket.set_recv_buffer_size(options.receive_buffer)?;
-        }
-        match socket.connect(address).await {
-            Ok(stream) => {
-                stream.set_nodelay(true)?;
-                return Ok(Compat::new(stream));
-            }
-            Err(err) => last_error = Some(err),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("{} resolves to no address", uri.authority.host),
-        )
-    }))
+        .map_err(PerfError::amqp(format!("connecting to {}", redact(uri))))
 }
 
 /// The URI without its password, for messages.
@@ -121,16 +47,6 @@ pub fn redact(uri: &str) -> String {
             }
         }
         _ => uri.to_owned(),
-    }
-}
-
-fn exchange_kind(name: &str) -> ExchangeKind {
-    match name {
-        "direct" => ExchangeKind::Direct,
-        "fanout" => ExchangeKind::Fanout,
-        "topic" => ExchangeKind::Topic,
-        "headers" => ExchangeKind::Headers,
-        other => ExchangeKind::Custom(other.to_owned()),
     }
 }
 
@@ -149,28 +65,62 @@ fn queue_arguments(workload: &Workload) -> FieldTable {
     table
 }
 
-/// Declares a queue (`""` for a server-named one) and returns its name.
+/// Declares a queue (`""` for a server-named one) on `channel` and returns its name.
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker refuses the declaration.
 pub async fn declare_queue(
-    channel: &Channel,
+    connection: &mut ClientConnection,
+    channel: u16,
     workload: &Workload,
     name: &str,
 ) -> Result<String, PerfError> {
-    let queue = channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
+    let declared = connection
+        .call(
+            channel,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                queue: short_string(name),
+                passive: false,
                 durable: workload.durable_queues(),
+                exclusive: false,
                 auto_delete: workload.auto_delete_queues(),
-                ..QueueDeclareOptions::default()
-            },
-            queue_arguments(workload),
+                nowait: false,
+                arguments: queue_arguments(workload),
+            })),
         )
         .await
         .map_err(PerfError::amqp(format!("queue.declare '{name}'")))?;
-    Ok(queue.name().to_string())
+    match declared {
+        AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)) => Ok(ok.queue.to_string()),
+        other => Err(unexpected_answer(format!("queue.declare '{name}'"), &other)),
+    }
+}
+
+/// Binds `name` to `exchange` on `channel`.
+///
+/// # Errors
+/// [`PerfError::Amqp`] if the broker refuses the binding.
+pub async fn bind_queue(
+    connection: &mut ClientConnection,
+    channel: u16,
+    name: &str,
+    exchange: &str,
+    key: &str,
+) -> Result<(), PerfError> {
+    connection
+        .call(
+            channel,
+            AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
+                queue: short_string(name),
+                exchange: short_string(exchange),
+                routing_key: short_string(key),
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+        .await
+        .map_err(PerfError::amqp(format!("queue.bind '{name}'")))?;
+    Ok(())
 }
 
 /// Declares the exchange and the named queues and binds them, the `k`-th queue through
@@ -181,71 +131,80 @@ pub async fn declare_queue(
 ///
 /// # Errors
 /// [`PerfError::Amqp`] if the broker refuses a declaration.
-pub async fn declare(connections: &[Connection], workload: &Workload) -> Result<(), PerfError> {
-    async fn open(connection: &Connection) -> Result<Channel, PerfError> {
+pub async fn declare(
+    connections: &mut [ClientConnection],
+    workload: &Workload,
+) -> Result<(), PerfError> {
+    async fn open(connection: &mut ClientConnection) -> Result<u16, PerfError> {
         connection
-            .create_channel()
+            .open_channel()
             .await
             .map_err(PerfError::amqp("opening the setup channel"))
     }
     let mut channels = Vec::with_capacity(connections.len());
-    for connection in connections {
+    for connection in connections.iter_mut() {
         channels.push(open(connection).await?);
     }
     let exchange = workload.exchange.as_str();
     let predefined = exchange.is_empty() || exchange.starts_with("amq.");
     if !predefined {
-        channels[0]
-            .exchange_declare(
-                exchange.into(),
-                exchange_kind(&workload.exchange_type),
-                // Durable, as PerfTest declares it: the two can then share a broker.
-                ExchangeDeclareOptions {
+        connections[0]
+            .call(
+                channels[0],
+                AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+                    exchange: short_string(exchange),
+                    kind: short_string(&workload.exchange_type),
+                    passive: false,
+                    // Durable, as PerfTest declares it: the two can then share a broker.
                     durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
+                    auto_delete: false,
+                    internal: false,
+                    nowait: false,
+                    arguments: FieldTable::default(),
+                })),
             )
             .await
             .map_err(PerfError::amqp(format!("exchange.declare '{exchange}'")))?;
     }
     for (index, name) in workload.queue_names().into_iter().enumerate() {
         let through = index % connections.len();
-        let channel = &mut channels[through];
+        let connection = &mut connections[through];
         let exists = workload.predeclared
-            && channel
-                .queue_declare(
-                    name.as_str().into(),
-                    QueueDeclareOptions {
+            && connection
+                .call(
+                    channels[through],
+                    AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                        queue: short_string(&name),
                         passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
+                        durable: false,
+                        exclusive: false,
+                        auto_delete: false,
+                        nowait: false,
+                        arguments: FieldTable::default(),
+                    })),
                 )
                 .await
                 .is_ok();
         if !exists {
             if workload.predeclared {
                 // The failed passive declare closed the channel.
-                *channel = open(&connections[through]).await?;
+                channels[through] = open(connection).await?;
             }
-            declare_queue(channel, workload, &name).await?;
+            declare_queue(connection, channels[through], workload, &name).await?;
         }
         if !exchange.is_empty() {
-            channel
-                .queue_bind(
-                    name.as_str().into(),
-                    exchange.into(),
-                    workload.binding_key(&name).into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(PerfError::amqp(format!("queue.bind '{name}'")))?;
+            bind_queue(
+                connection,
+                channels[through],
+                &name,
+                exchange,
+                &workload.binding_key(&name),
+            )
+            .await?;
         }
     }
-    for channel in channels {
-        let _ = channel.close(200, "OK".into()).await;
+    for (connection, channel) in connections.iter_mut().zip(channels) {
+        close_channel(connection, channel).await;
     }
     Ok(())
 }
@@ -254,29 +213,66 @@ pub async fn declare(connections: &[Connection], workload: &Workload) -> Result<
 /// not become the next one's latency).
 ///
 /// # Errors
-/// [`PerfError::Amqp`] if a deletion fails for another reason than the queue being gone.
-pub async fn delete_queues(connection: &Connection, workload: &Workload) -> Result<(), PerfError> {
+/// [`PerfError::Amqp`] if a channel cannot be opened.
+pub async fn delete_queues(
+    connection: &mut ClientConnection,
+    workload: &Workload,
+) -> Result<(), PerfError> {
     for name in workload.queue_names() {
         // A fresh channel each time: deleting an auto-deleted queue closes the channel
         // with 404 on some brokers.
         let channel = connection
-            .create_channel()
+            .open_channel()
             .await
             .map_err(PerfError::amqp("opening a channel"))?;
-        if channel
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .is_ok()
-        {
-            let _ = channel.close(200, "OK".into()).await;
+        let deleted = connection
+            .call(
+                channel,
+                AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+                    queue: short_string(&name),
+                    if_unused: false,
+                    if_empty: false,
+                    nowait: false,
+                })),
+            )
+            .await;
+        match deleted {
+            Ok(_) => close_channel(connection, channel).await,
+            Err(ClientError::ChannelClosed { .. }) => {}
+            Err(err) => return Err(PerfError::amqp(format!("queue.delete '{name}'"))(err)),
         }
     }
     Ok(())
 }
 
+/// Closes a set-up channel; a failure only means the connection is going anyway.
+async fn close_channel(connection: &mut ClientConnection, channel: u16) {
+    let _ = connection
+        .call(
+            channel,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: 200,
+                reply_text: "OK".into(),
+                class_id: 0,
+                method_id: 0,
+            })),
+        )
+        .await;
+}
+
+/// An answer of the wrong kind to a set-up call.
+pub fn unexpected_answer(context: String, answer: &AMQPClass) -> PerfError {
+    PerfError::amqp(context)(ClientError::Protocol(format!(
+        "unexpected answer: class {} method {}",
+        answer.get_amqp_class_id(),
+        answer.get_amqp_method_id()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpSocket;
 
     #[test]
     fn topology_redacts_the_password() {
@@ -291,13 +287,14 @@ mod tests {
     async fn sockets_get_the_asked_buffer_sizes() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let uri: AMQPUri = format!("amqp://localhost:{port}").parse().unwrap();
         let options = ConnectionOptions {
             frame_max: 0,
             send_buffer: 65_536,
             receive_buffer: 32_768,
         };
-        let stream = open_socket(&uri, options).await.unwrap().into_inner();
+        let stream = crate::client::open_socket("localhost", port, options)
+            .await
+            .unwrap();
         assert!(stream.nodelay().unwrap());
         let socket = TcpSocket::from_std_stream(stream.into_std().unwrap());
         // Linux doubles what it is asked for, to leave room for its own bookkeeping.

@@ -253,8 +253,8 @@ async fn connections_propose_a_frame_that_fits_the_message() {
         let connection = sluice_perf::topology::connect(&uri, options, "frame test")
             .await
             .expect("connects");
-        let frame_max = connection.configuration().frame_max();
-        connection.close(200, "OK".into()).await.unwrap();
+        let frame_max = connection.frame_max();
+        connection.close().await;
         frame_max
     };
     let fitted = args(&["--size", "1000"])
