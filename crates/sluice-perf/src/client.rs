@@ -185,7 +185,13 @@ impl ClientConnection {
         client_properties.insert("product".into(), long_string("sluice perf"));
         client_properties.insert("connection_name".into(), long_string(name));
         let mut capabilities = FieldTable::default();
-        for capability in ["publisher_confirms", "consumer_cancel_notify", "basic.nack"] {
+        for capability in [
+            "publisher_confirms",
+            "consumer_cancel_notify",
+            "basic.nack",
+            // A refused login is then told with connection.close 403, not a closed socket.
+            "authentication_failure_close",
+        ] {
             capabilities.insert(capability.into(), AMQPValue::Boolean(true));
         }
         client_properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));

@@ -6,31 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use serde_json::Value;
 use sluice_perf::PerfArgs;
-use sluice_server::config::Config;
 
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!(
-            "sluice-perf-test-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::{start_server, TempDir};
 
 #[derive(Parser)]
 struct Cli {
@@ -42,15 +20,6 @@ fn args(list: &[&str]) -> PerfArgs {
     Cli::try_parse_from(std::iter::once("perf").chain(list.iter().copied()))
         .unwrap()
         .perf
-}
-
-async fn start_server(data_dir: &Path) -> sluice_server::RunningServer {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: data_dir.to_owned(),
-        ..Config::default()
-    };
-    sluice_server::start(config).await.expect("server starts")
 }
 
 fn read_json(path: &Path) -> Value {
