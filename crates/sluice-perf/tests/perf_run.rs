@@ -1,7 +1,7 @@
 //! `sluice perf` against a real Sluice server in this process: a few seconds of load, then
 //! the written summary must be consistent. No assertions on speed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::Parser;
 use serde_json::Value;
