@@ -29,11 +29,9 @@ use sluice_wire::amq_protocol::protocol::{basic, channel, connection, AMQPClass}
 use sluice_wire::amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use sluice_wire::amq_protocol::uri::{AMQPScheme, AMQPUri};
 use sluice_wire::content::{decode_content_header, RawProperties};
-use sluice_wire::encode::{encode_content, encode_control};
+use sluice_wire::encode::{encode_confirm, encode_content, encode_control, encode_publish};
 use sluice_wire::frame::{split_frame, Frame, FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
-use sluice_wire::method::{
-    decode_method, Method, CLASS_BASIC, METHOD_BASIC_ACK, METHOD_BASIC_PUBLISH,
-};
+use sluice_wire::method::{decode_method, Method};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
@@ -298,32 +296,20 @@ impl ClientConnection {
         body: &[u8],
     ) {
         let out = &mut self.output;
-        out.put_u8(FrameType::Method as u8);
-        out.put_u16(channel);
-        let size_at = out.len();
-        out.put_u32(0);
-        out.put_u16(CLASS_BASIC);
-        out.put_u16(METHOD_BASIC_PUBLISH);
-        out.put_u16(0); // ticket, reserved
-        put_short_string(out, exchange.as_bytes());
-        put_short_string(out, routing_key.as_bytes());
-        out.put_u8(u8::from(mandatory));
-        finish_frame(out, size_at);
+        encode_publish(
+            out,
+            channel,
+            exchange.as_bytes(),
+            routing_key.as_bytes(),
+            mandatory,
+        );
         encode_content(out, channel, properties, body, self.frame_max);
     }
 
-    /// Queues a basic.ack for the next [`Self::flush`].
+    /// Queues a basic.ack for the next [`Self::flush`]: the same method a broker confirms
+    /// with.
     pub fn ack(&mut self, channel: u16, delivery_tag: u64, multiple: bool) {
-        let out = &mut self.output;
-        out.put_u8(FrameType::Method as u8);
-        out.put_u16(channel);
-        let size_at = out.len();
-        out.put_u32(0);
-        out.put_u16(CLASS_BASIC);
-        out.put_u16(METHOD_BASIC_ACK);
-        out.put_u64(delivery_tag);
-        out.put_u8(u8::from(multiple));
-        finish_frame(out, size_at);
+        encode_confirm(&mut self.output, channel, delivery_tag, multiple, true);
     }
 
     /// Writes everything queued. Meanwhile it keeps reading (up to [`INPUT_MAX`]), so a
@@ -634,18 +620,6 @@ fn closed_socket() -> ClientError {
 
 fn long_string(text: &str) -> AMQPValue {
     AMQPValue::LongString(text.into())
-}
-
-fn put_short_string(out: &mut BytesMut, value: &[u8]) {
-    let length = value.len().min(u8::MAX as usize);
-    out.put_u8(length as u8);
-    out.put_slice(&value[..length]);
-}
-
-fn finish_frame(out: &mut BytesMut, size_at: usize) {
-    let payload_size = (out.len() - size_at - 4) as u32;
-    out[size_at..size_at + 4].copy_from_slice(&payload_size.to_be_bytes());
-    out.put_u8(sluice_wire::frame::FRAME_END);
 }
 
 /// Connects a TCP socket to `host:port` with the options' buffer sizes and Nagle's algorithm

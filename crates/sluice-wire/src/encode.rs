@@ -2,14 +2,15 @@
 //!
 //! Deliveries, returns, get-ok and confirms are written by hand straight into
 //! the connection's output buffer: one copy of the body, no intermediate
-//! values. Control-plane methods go through `amq-protocol`.
+//! values; so is a client's basic.publish (`sluice perf`'s). Control-plane
+//! methods go through `amq-protocol`.
 
 use amq_protocol::protocol::{gen_class, AMQPClass};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::content::RawProperties;
 use crate::frame::{FrameType, FRAME_END, FRAME_OVERHEAD};
-use crate::method::{CLASS_BASIC, METHOD_BASIC_ACK, METHOD_BASIC_NACK};
+use crate::method::{CLASS_BASIC, METHOD_BASIC_ACK, METHOD_BASIC_NACK, METHOD_BASIC_PUBLISH};
 
 const METHOD_BASIC_RETURN: u16 = 50;
 const METHOD_BASIC_DELIVER: u16 = 60;
@@ -176,6 +177,25 @@ pub fn encode_confirm(
     finish_frame(out, size_at);
 }
 
+/// Writes basic.publish, as a client sends it (the content follows with
+/// [`encode_content`]): `sluice perf` publishes with it.
+pub fn encode_publish(
+    out: &mut BytesMut,
+    channel: u16,
+    exchange: &[u8],
+    routing_key: &[u8],
+    mandatory: bool,
+) {
+    let size_at = start_frame(out, FrameType::Method, channel);
+    out.put_u16(CLASS_BASIC);
+    out.put_u16(METHOD_BASIC_PUBLISH);
+    out.put_u16(0); // ticket, reserved
+    put_short_string(out, exchange);
+    put_short_string(out, routing_key);
+    out.put_u8(mandatory as u8);
+    finish_frame(out, size_at);
+}
+
 /// A body that arrived in several frames is joined into one buffer; a body of
 /// one frame is kept as the slice it already is.
 pub fn join_body(parts: Vec<Bytes>, body_size: usize) -> Bytes {
@@ -273,6 +293,25 @@ mod tests {
                 }))
             )
         ));
+    }
+
+    #[test]
+    fn encode_publish_matches_amq_protocol() {
+        let mut out = BytesMut::new();
+        encode_publish(&mut out, 4, b"amq.topic", b"a.b", true);
+        let (_, frame) = parse_frame(&out[..]).unwrap();
+        assert_eq!(
+            frame,
+            AMQPFrame::Method(
+                4,
+                AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                    exchange: "amq.topic".into(),
+                    routing_key: "a.b".into(),
+                    mandatory: true,
+                    immediate: false,
+                }))
+            )
+        );
     }
 
     #[test]
