@@ -147,10 +147,16 @@ impl Publisher {
             if self.confirm.is_some() {
                 pending.push_back((window.published(), StdInstant::now()));
             }
-            self.connection
-                .flush()
-                .await
-                .map_err(PerfError::amqp("basic.publish"))?;
+            // A broker that stops reading (a congested queue, an alarm) holds the publish
+            // here; the run's end must not wait for it, as the consumers that would drain
+            // the queue stop too. What is left unwritten goes out with the close.
+            tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                flushed = self.connection.flush() => {
+                    flushed.map_err(PerfError::amqp("basic.publish"))?;
+                }
+            }
         }
         // After the last of a message limit, the outstanding confirms still belong to the
         // run: wait for them (bounded) so the counts are complete and the connection closes
