@@ -7,8 +7,8 @@
 //! apart from the code that publishes: lapin on a thread per connection, amqprs on tasks of
 //! its own, so each message crosses threads or tasks on its way out and its confirm or
 //! delivery crosses them again on its way back. On seed 5 at a fifth of its size (400
-//! connections, 20k msg/s on a 3-node cluster) lapin took 0.78 of the two cores, a fifth of
-//! it in thread switches; amqprs 0.41. Here the publishing task writes its own frames, as
+//! connections, 20k msg/s on a 3-node cluster) lapin took 0.78 of the two cores, a third of
+//! it in thread switches and wake-ups; amqprs 0.41. Here the publishing task writes its own frames, as
 //! PerfTest's publisher thread does, and reads its confirms when it waits anyway; a consumer
 //! acks everything one read delivered in one write.
 //!
@@ -19,7 +19,8 @@
 //! message that says so.
 //!
 //! **Bounds.** Reading stops while [`INPUT_MAX`] bytes wait to be handled; a frame is at most
-//! the negotiated `frame_max`; a message body at most [`BODY_MAX`].
+//! the negotiated `frame_max`; a message body at most [`BODY_MAX`]; what arrives during a
+//! set-up call at most [`EARLY_MAX`] items.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -29,7 +30,9 @@ use sluice_wire::amq_protocol::protocol::{basic, channel, connection, AMQPClass}
 use sluice_wire::amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use sluice_wire::amq_protocol::uri::{AMQPScheme, AMQPUri};
 use sluice_wire::content::{decode_content_header, RawProperties};
-use sluice_wire::encode::{encode_confirm, encode_content, encode_control, encode_publish};
+use sluice_wire::encode::{
+    encode_confirm, encode_content, encode_control, encode_publish, join_body,
+};
 use sluice_wire::frame::{split_frame, Frame, FrameType, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use sluice_wire::method::{decode_method, Method};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -44,6 +47,10 @@ pub const INPUT_MAX: usize = 4 << 20;
 /// The largest message body accepted from the broker; a larger declared size is refused
 /// before any of it is buffered.
 pub const BODY_MAX: u64 = 128 << 20;
+
+/// Deliveries, confirms and notices kept while a set-up call waits for its answer: set-up
+/// comes before consuming and publishing, so only a broker that misbehaves sends this many.
+pub const EARLY_MAX: usize = 4096;
 
 /// How long the handshake and each set-up call may take before the connection is given up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -104,6 +111,7 @@ enum PendingContent {
     AwaitingHeader(ContentKind),
     Body {
         kind: ContentKind,
+        size: u64,
         remaining: u64,
         parts: Vec<Bytes>,
     },
@@ -371,7 +379,7 @@ impl ClientConnection {
                 if let Some(item) = self.on_method(frame.channel, method)? {
                     return Ok(Some(item));
                 }
-            } else if let Some(item) = self.on_content_frame(&frame)? {
+            } else if let Some(item) = self.on_content_frame(frame)? {
                 return Ok(Some(item));
             }
         }
@@ -414,8 +422,8 @@ impl ClientConnection {
         loop {
             while let Some(frame) = self.next_frame()? {
                 if frame.frame_type != FrameType::Method {
-                    if let Some(item) = self.on_content_frame(&frame)? {
-                        self.early.push_back(item);
+                    if let Some(item) = self.on_content_frame(frame)? {
+                        self.keep_early(item)?;
                     }
                     continue;
                 }
@@ -436,7 +444,7 @@ impl ClientConnection {
                 );
                 if asynchronous || frame.channel != channel && frame.channel != CONNECTION_CHANNEL {
                     if let Some(item) = self.on_method(frame.channel, method)? {
-                        self.early.push_back(item);
+                        self.keep_early(item)?;
                     }
                     continue;
                 }
@@ -450,6 +458,17 @@ impl ClientConnection {
             }
             self.read_more().await?;
         }
+    }
+
+    /// Keeps an item that arrived during a set-up call, within [`EARLY_MAX`].
+    fn keep_early(&mut self, item: Incoming) -> Result<(), ClientError> {
+        if self.early.len() >= EARLY_MAX {
+            return Err(ClientError::Protocol(format!(
+                "more than {EARLY_MAX} deliveries and notices arrived while waiting for an answer"
+            )));
+        }
+        self.early.push_back(item);
+        Ok(())
     }
 
     /// An asynchronous method: what it means for the task, if anything.
@@ -527,7 +546,7 @@ impl ClientConnection {
         }
     }
 
-    fn on_content_frame(&mut self, frame: &Frame) -> Result<Option<Incoming>, ClientError> {
+    fn on_content_frame(&mut self, frame: Frame) -> Result<Option<Incoming>, ClientError> {
         match (frame.frame_type, self.content.take()) {
             (FrameType::Heartbeat, content) => {
                 self.content = content;
@@ -543,10 +562,11 @@ impl ClientConnection {
                     )));
                 }
                 if header.body_size == 0 {
-                    return Ok(Some(complete(kind, Vec::new())));
+                    return Ok(Some(complete(kind, Vec::new(), 0)));
                 }
                 self.content = Some(PendingContent::Body {
                     kind,
+                    size: header.body_size,
                     remaining: header.body_size,
                     parts: Vec::new(),
                 });
@@ -556,23 +576,25 @@ impl ClientConnection {
                 FrameType::Body,
                 Some(PendingContent::Body {
                     kind,
+                    size,
                     remaining,
                     mut parts,
                 }),
             ) => {
-                let size = frame.payload.len() as u64;
-                if size > remaining {
+                let received = frame.payload.len() as u64;
+                if received > remaining {
                     return Err(ClientError::Protocol(
                         "a body frame runs past the size its header declared".into(),
                     ));
                 }
-                parts.push(frame.payload.clone());
-                if size == remaining {
-                    return Ok(Some(complete(kind, parts)));
+                parts.push(frame.payload);
+                if received == remaining {
+                    return Ok(Some(complete(kind, parts, size)));
                 }
                 self.content = Some(PendingContent::Body {
                     kind,
-                    remaining: remaining - size,
+                    size,
+                    remaining: remaining - received,
                     parts,
                 });
                 Ok(None)
@@ -585,17 +607,15 @@ impl ClientConnection {
     }
 }
 
-fn complete(kind: ContentKind, mut parts: Vec<Bytes>) -> Incoming {
+/// A message whose content is all here: its parts joined (a body of one frame stays the slice
+/// it already is). `size` is at most [`BODY_MAX`].
+fn complete(kind: ContentKind, parts: Vec<Bytes>, size: u64) -> Incoming {
     match kind {
         ContentKind::Returned => Incoming::Returned,
-        ContentKind::Delivery(delivery_tag) => {
-            let body = match parts.len() {
-                0 => Bytes::new(),
-                1 => parts.pop().unwrap_or_default(),
-                _ => Bytes::from(parts.concat()),
-            };
-            Incoming::Delivery { delivery_tag, body }
-        }
+        ContentKind::Delivery(delivery_tag) => Incoming::Delivery {
+            delivery_tag,
+            body: join_body(parts, size as usize),
+        },
     }
 }
 

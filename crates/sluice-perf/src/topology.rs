@@ -11,9 +11,6 @@ use crate::client::{short_string, ClientConnection, ClientError, SocketOptions};
 use crate::workload::{QueueArgument, Workload};
 use crate::PerfError;
 
-/// How each connection is set up, from the workload.
-pub type ConnectionOptions = SocketOptions;
-
 /// Opens a connection named `name` (the broker shows it in its connection list).
 ///
 /// **Frame size.** A frame that fits the message is proposed (see
@@ -25,7 +22,7 @@ pub type ConnectionOptions = SocketOptions;
 /// [`PerfError::Args`] if the URI does not parse.
 pub async fn connect(
     uri: &str,
-    options: ConnectionOptions,
+    options: SocketOptions,
     name: &str,
 ) -> Result<ClientConnection, PerfError> {
     let parsed: AMQPUri = uri
@@ -287,7 +284,7 @@ mod tests {
     async fn sockets_get_the_asked_buffer_sizes() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let options = ConnectionOptions {
+        let options = SocketOptions {
             frame_max: 0,
             send_buffer: 65_536,
             receive_buffer: 32_768,

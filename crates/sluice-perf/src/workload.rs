@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::topology::ConnectionOptions;
+use crate::client::SocketOptions;
 use crate::PerfError;
 
 /// PerfTest's `--flag` values.
@@ -146,8 +146,8 @@ impl Workload {
     }
 
     /// How each connection is set up.
-    pub fn connection_options(&self) -> ConnectionOptions {
-        ConnectionOptions {
+    pub fn connection_options(&self) -> SocketOptions {
+        SocketOptions {
             frame_max: self.frame_max(),
             send_buffer: self.tcp_send_buffer_size,
             receive_buffer: self.tcp_receive_buffer_size,

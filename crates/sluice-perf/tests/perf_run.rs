@@ -214,7 +214,7 @@ async fn connections_propose_a_frame_that_fits_the_message() {
     let server = start_server(&data.0).await;
     let uri = format!("amqp://guest:guest@{}", server.local_address);
     let negotiated = |uri: String, frame_max: u32| async move {
-        let options = sluice_perf::topology::ConnectionOptions {
+        let options = sluice_perf::client::SocketOptions {
             frame_max,
             send_buffer: 0,
             receive_buffer: 0,
