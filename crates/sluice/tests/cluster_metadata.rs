@@ -10,8 +10,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicConsumeOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, ExchangeKind};
@@ -234,4 +234,65 @@ async fn cluster_metadata_a_dead_node_takes_its_non_durable_queues_with_it() {
     assert!(!queue_exists(&back, "goes-with-its-node").await);
     back.close(200, "bye".into()).await.ok();
     first.close(200, "bye".into()).await.ok();
+}
+
+/// amqp091-go's reconnect example, with the deletion's window held open:
+/// a connection consuming from an auto-delete queue closes (its consumer
+/// still on, as a client that does not cancel first) while the two other
+/// nodes are paused, so the queue's deletion is decided but cannot commit.
+/// The next connection declares the queue again and consumes from it: the
+/// declaration waits for the deletion and makes the queue anew instead of
+/// answering with the doomed queue, whose consume would meet 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_an_auto_delete_queue_declared_again_while_its_deletion_is_under_way() {
+    let nodes = started("metadata-auto-delete-again");
+    let auto_delete = QueueDeclareOptions {
+        auto_delete: true,
+        ..Default::default()
+    };
+    let consume = |channel: Channel| async move {
+        channel
+            .queue_declare("reconnect".into(), auto_delete, FieldTable::default())
+            .await?;
+        channel
+            .basic_consume(
+                "reconnect".into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let (old, old_channel) = channel_on(&nodes[0]).await;
+    // Kept: lapin cancels a consumer it drops, and the point is a close
+    // with the consumer still on.
+    let _old_consumer = consume(old_channel).await.expect("first consumer");
+    let (new, new_channel) = channel_on(&nodes[0]).await;
+
+    nodes[1].signal(libc::SIGSTOP);
+    nodes[2].signal(libc::SIGSTOP);
+    old.close(200, "reconnect".into())
+        .await
+        .expect("close-ok, though the deletion cannot commit yet");
+    let declared_again = tokio::spawn(consume(new_channel));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !declared_again.is_finished(),
+        "answered before the deletion could commit"
+    );
+    nodes[1].signal(libc::SIGCONT);
+    nodes[2].signal(libc::SIGCONT);
+    let _new_consumer = tokio::time::timeout(Duration::from_secs(30), declared_again)
+        .await
+        .expect("answered once the majority is back")
+        .expect("the task ran")
+        .expect("declared anew and consumed from");
+    let queue = declare_passive(
+        &new.create_channel().await.expect("channel opens"),
+        "reconnect",
+    )
+    .await
+    .expect("the new queue is there");
+    assert_eq!(queue.consumer_count(), 1);
+    new.close(200, "bye".into()).await.ok();
 }

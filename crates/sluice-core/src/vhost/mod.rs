@@ -576,6 +576,17 @@ impl VirtualHost {
         self.apply_declare_queue(&definition, connection_id)
     }
 
+    /// The queue `name` when its deletion is decided but not yet applied:
+    /// an auto-delete queue whose last consumer left, marked deleted on
+    /// the spot and taken out of the vhost only when the metadata log
+    /// applies its deletion.
+    pub fn queue_being_deleted(&self, name: &str) -> Option<Arc<dyn Queue>> {
+        read(&self.queues)
+            .get(name)
+            .filter(|queue| queue.is_deleted())
+            .cloned()
+    }
+
     /// What this node can answer to a queue.declare without the metadata
     /// log: the queue of a passive or equivalent declaration (Some), a
     /// refusal, or None when the queue must be created.

@@ -79,6 +79,50 @@ impl Channel {
         #[cfg(test)]
         crate::panic_failpoint::check(declare.queue.as_str());
         context.stats.churn.queues_declared.add(1);
+        self.declare_queue_after_deletion(context, declare, true)
+    }
+
+    /// queue.declare once counted. `may_wait`: a queue of that name whose
+    /// deletion is already decided (an auto-delete queue its last consumer
+    /// just left, its deletion still on its way through the metadata log)
+    /// is waited out, and the declaration then creates the queue anew.
+    /// Answered with the doomed queue instead, the client's next
+    /// basic.consume would meet 404 once the deletion lands, which a client
+    /// that closes a connection and declares the queue again on the next
+    /// must not see. The deletion is proposed once more, for that very
+    /// queue (its `declared_at`), so that waiting for it to be applied is
+    /// waiting for this proposal: whichever of the two comes first deletes
+    /// it, the other finds nothing to do.
+    fn declare_queue_after_deletion(
+        &mut self,
+        context: &ConnectionContext,
+        declare: queue::Declare,
+        may_wait: bool,
+    ) -> AmqpResult<()> {
+        let connection_id = context.connection_id;
+        // RabbitMQ checks a named queue before looking it up; a passive
+        // declare needs no permission.
+        let name = declare.queue.as_str();
+        if !declare.passive && !name.is_empty() {
+            context.check_access(Permission::Configure, ResourceKind::Queue, name)?;
+        }
+        let doomed = (may_wait && !declare.passive)
+            .then(|| context.vhost.queue_being_deleted(name))
+            .flatten();
+        if let Some(doomed) = doomed {
+            let command = MetadataCommand::DeleteQueue {
+                vhost: context.vhost.name.to_string(),
+                name: doomed.name().to_string(),
+                declared_at: Some(doomed.options().declared_at),
+            };
+            self.propose(context, command, move |channel, context, deleted| {
+                if let Err(error) = deleted {
+                    tracing::warn!(%error, "a queue being deleted was not deleted before its name was declared again");
+                }
+                channel.declare_queue_after_deletion(context, declare, false)
+            });
+            return Ok(());
+        }
         let declaration = QueueDeclaration {
             name: declare.queue.as_str(),
             passive: declare.passive,
@@ -88,12 +132,6 @@ impl Channel {
             arguments: declare.arguments,
         };
         let nowait = declare.nowait;
-        let connection_id = context.connection_id;
-        // RabbitMQ checks a named queue before looking it up; a passive
-        // declare needs no permission.
-        if !declare.passive && !declaration.name.is_empty() {
-            context.check_access(Permission::Configure, ResourceKind::Queue, declaration.name)?;
-        }
         if let Some(queue) = context
             .vhost
             .check_queue_declaration(&declaration, connection_id)?
