@@ -120,10 +120,21 @@ impl Node {
         seen.1 = seen.0.len();
     }
 
+    /// Sends `signal`. SIGSTOP returns once every thread of the node has
+    /// stopped: kill(2) only marks the stop, and on a loaded machine the
+    /// node's workers may run on for milliseconds, taking what a test sends
+    /// "after" the pause.
     pub fn signal(&self, signal: i32) {
         let pid = self.process.as_ref().expect("running").id() as i32;
         // SAFETY: kill(2) on a child this test owns.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        if signal == libc::SIGSTOP {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(pid) {
+                assert!(Instant::now() < deadline, "{} never stopped", self.name);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     pub fn kill(&mut self) {
@@ -256,4 +267,20 @@ pub async fn channel_on(node: &Node) -> (lapin::Connection, lapin::Channel) {
     let connection = connect_to(node).await;
     let channel = connection.create_channel().await.expect("channel opens");
     (connection, channel)
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/PID/task/TID/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses
+            // and may hold anything.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
 }
