@@ -870,14 +870,17 @@ impl VirtualHost {
             self.apply_delete_queue(queue.name(), Some(queue.options().declared_at));
             return None;
         }
-        Some(
-            self.metadata
-                .propose_detached(MetadataCommand::DeleteQueue {
-                    vhost: self.name.to_string(),
-                    name: queue.name().to_string(),
-                    declared_at: Some(queue.options().declared_at),
-                }),
-        )
+        Some(self.metadata.propose_detached(self.deletion_of(queue)))
+    }
+
+    /// The metadata change that deletes `queue`, that very queue and not a
+    /// later one of its name.
+    pub fn deletion_of(&self, queue: &Arc<dyn Queue>) -> MetadataCommand {
+        MetadataCommand::DeleteQueue {
+            vhost: self.name.to_string(),
+            name: queue.name().to_string(),
+            declared_at: Some(queue.options().declared_at),
+        }
     }
 
     /// Where this vhost proposes metadata changes.

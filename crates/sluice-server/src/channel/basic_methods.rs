@@ -8,7 +8,6 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use sluice_core::access::{Permission, ResourceKind};
 use sluice_core::arguments::{as_integer, check_consume_arguments};
 use sluice_core::error::{AmqpError, AmqpResult};
-use sluice_core::metadata::MetadataCommand;
 use sluice_core::queue::forwarding::{ForwardHome, QueueKey};
 use sluice_core::queue::{Consumer, Queue};
 use sluice_core::reply_to::REPLY_TO_QUEUE;
@@ -101,11 +100,7 @@ impl Channel {
             // The auto-delete queue it leaves unused is gone before
             // cancel-ok, as the queue itself answers it in RabbitMQ.
             Some(queue) => {
-                let command = MetadataCommand::DeleteQueue {
-                    vhost: context.vhost.name.to_string(),
-                    name: queue.name().to_string(),
-                    declared_at: Some(queue.options().declared_at),
-                };
+                let command = context.vhost.deletion_of(&queue);
                 self.propose(context, command, move |channel, context, deleted| {
                     if let Err(error) = deleted {
                         tracing::warn!(%error, "an unused auto-delete queue was not deleted");

@@ -110,11 +110,7 @@ impl Channel {
             .then(|| context.vhost.queue_being_deleted(name))
             .flatten();
         if let Some(doomed) = doomed {
-            let command = MetadataCommand::DeleteQueue {
-                vhost: context.vhost.name.to_string(),
-                name: doomed.name().to_string(),
-                declared_at: Some(doomed.options().declared_at),
-            };
+            let command = context.vhost.deletion_of(&doomed);
             self.propose(context, command, move |channel, context, deleted| {
                 if let Err(error) = deleted {
                     tracing::warn!(%error, "a queue being deleted was not deleted before its name was declared again");
@@ -329,11 +325,7 @@ impl Channel {
         message_count: u32,
         reply: impl FnOnce(&mut Channel, &ConnectionContext, u32) + Send + 'static,
     ) {
-        let command = MetadataCommand::DeleteQueue {
-            vhost: context.vhost.name.to_string(),
-            name: queue.name().to_string(),
-            declared_at: Some(queue.options().declared_at),
-        };
+        let command = context.vhost.deletion_of(queue);
         // RabbitMQ's order: delete-ok, then basic.cancel for this channel's
         // consumers of the queue (py-amqp, under kombu and Celery, expects
         // it).

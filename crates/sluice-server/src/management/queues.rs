@@ -346,12 +346,11 @@ async fn delete_queue(
         let stats = queue_ops::stats(&queue).await?;
         vhost.check_queue_deletable(&queue, stats, if_unused, if_empty)?;
     }
-    let command = MetadataCommand::DeleteQueue {
-        vhost: vhost_name,
-        name: queue.name().to_string(),
-        declared_at: Some(queue.options().declared_at),
-    };
-    state.broker.metadata.propose(command).await?;
+    state
+        .broker
+        .metadata
+        .propose(vhost.deletion_of(&queue))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
