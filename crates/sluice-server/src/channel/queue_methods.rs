@@ -106,9 +106,11 @@ impl Channel {
         if !declare.passive && !name.is_empty() {
             context.check_access(Permission::Configure, ResourceKind::Queue, name)?;
         }
-        let doomed = (may_wait && !declare.passive)
-            .then(|| context.vhost.queue_being_deleted(name))
-            .flatten();
+        let doomed = if may_wait && !declare.passive {
+            context.vhost.queue_being_deleted(name)
+        } else {
+            None
+        };
         if let Some(doomed) = doomed {
             let command = context.vhost.deletion_of(&doomed);
             self.propose(context, command, move |channel, context, deleted| {
@@ -120,7 +122,7 @@ impl Channel {
             return Ok(());
         }
         let declaration = QueueDeclaration {
-            name: declare.queue.as_str(),
+            name,
             passive: declare.passive,
             durable: declare.durable,
             exclusive: declare.exclusive,
