@@ -296,3 +296,60 @@ async fn cluster_metadata_an_auto_delete_queue_declared_again_while_its_deletion
     assert_eq!(queue.consumer_count(), 1);
     new.close(200, "bye".into()).await.ok();
 }
+
+/// A passive declaration of an auto-delete queue whose last consumer left
+/// finds no queue, though the two other nodes are paused and its deletion
+/// cannot commit yet: the queue is gone for clients from the moment its
+/// deletion is decided, as for its consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metadata_a_passive_declare_finds_no_queue_whose_deletion_is_under_way() {
+    let nodes = started("metadata-passive-doomed");
+    let (old, old_channel) = channel_on(&nodes[0]).await;
+    old_channel
+        .queue_declare(
+            "doomed".into(),
+            QueueDeclareOptions {
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue declares");
+    let _consumer = old_channel
+        .basic_consume(
+            "doomed".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consumes");
+    let (new, _) = channel_on(&nodes[0]).await;
+
+    nodes[1].signal(libc::SIGSTOP);
+    nodes[2].signal(libc::SIGSTOP);
+    old.close(200, "bye".into())
+        .await
+        .expect("close-ok, though the deletion cannot commit yet");
+    let channel = new.create_channel().await.expect("channel opens");
+    let error = declare_passive(&channel, "doomed")
+        .await
+        .expect_err("no queue while its deletion is under way");
+    let text = error.to_string();
+    assert!(
+        text.contains("NOT_FOUND - no queue 'doomed' in vhost '/'"),
+        "{text}"
+    );
+    nodes[1].signal(libc::SIGCONT);
+    nodes[2].signal(libc::SIGCONT);
+    // Another node sees the queue until the deletion commits.
+    let (other, _) = channel_on(&nodes[1]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue_exists(&other, "doomed").await {
+        assert!(Instant::now() < deadline, "the deletion never committed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    other.close(200, "bye".into()).await.ok();
+    new.close(200, "bye".into()).await.ok();
+}

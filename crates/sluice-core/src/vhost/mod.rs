@@ -597,6 +597,12 @@ impl VirtualHost {
     ) -> AmqpResult<Option<Arc<dyn Queue>>> {
         if declaration.passive {
             let queue = self.queue(declaration.name, connection_id)?;
+            // Decided for deletion (an auto-delete queue whose last
+            // consumer left), it is gone for clients already, as its
+            // consumes are; the metadata log only has to catch up.
+            if queue.is_deleted() {
+                return Err(self.no_queue(declaration.name));
+            }
             queue.touch();
             return Ok(Some(queue));
         }
