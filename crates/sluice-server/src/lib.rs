@@ -44,7 +44,6 @@ pub mod handshake;
 pub mod http_listener;
 pub mod in_flight;
 pub mod limits;
-pub mod malloc_tuning;
 pub mod management;
 pub mod metadata_log;
 pub mod node_monitor;

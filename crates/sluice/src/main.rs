@@ -144,9 +144,6 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
     }
 
     init_logging(&config)?;
-    if sluice_server::malloc_tuning::fix_mmap_threshold() {
-        tracing::debug!("allocator: blocks of 128 KiB and more are mmapped");
-    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
