@@ -55,6 +55,28 @@ async fn queue_exists(connection: &lapin::Connection, name: &str) -> bool {
     declare_passive(&channel, name).await.is_ok()
 }
 
+/// Declares auto-delete queue `name` and consumes from it.
+async fn consume_from_auto_delete(
+    channel: Channel,
+    name: &'static str,
+) -> lapin::Result<lapin::Consumer> {
+    let auto_delete = QueueDeclareOptions {
+        auto_delete: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(name.into(), auto_delete, FieldTable::default())
+        .await?;
+    channel
+        .basic_consume(
+            name.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}
+
 fn started(test: &str) -> Vec<Node> {
     let mut nodes = cluster(test, &["secret", "secret", "secret"]);
     // In any order.
@@ -246,23 +268,7 @@ async fn cluster_metadata_a_dead_node_takes_its_non_durable_queues_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_metadata_an_auto_delete_queue_declared_again_while_its_deletion_is_under_way() {
     let nodes = started("metadata-auto-delete-again");
-    let auto_delete = QueueDeclareOptions {
-        auto_delete: true,
-        ..Default::default()
-    };
-    let consume = |channel: Channel| async move {
-        channel
-            .queue_declare("reconnect".into(), auto_delete, FieldTable::default())
-            .await?;
-        channel
-            .basic_consume(
-                "reconnect".into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-    };
+    let consume = |channel| consume_from_auto_delete(channel, "reconnect");
     let (old, old_channel) = channel_on(&nodes[0]).await;
     // Kept: lapin cancels a consumer it drops, and the point is a close
     // with the consumer still on.
@@ -305,26 +311,10 @@ async fn cluster_metadata_an_auto_delete_queue_declared_again_while_its_deletion
 async fn cluster_metadata_a_passive_declare_finds_no_queue_whose_deletion_is_under_way() {
     let nodes = started("metadata-passive-doomed");
     let (old, old_channel) = channel_on(&nodes[0]).await;
-    old_channel
-        .queue_declare(
-            "doomed".into(),
-            QueueDeclareOptions {
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    // Kept, so that the close below leaves with the consumer still on.
+    let _consumer = consume_from_auto_delete(old_channel, "doomed")
         .await
-        .expect("queue declares");
-    let _consumer = old_channel
-        .basic_consume(
-            "doomed".into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consumes");
+        .expect("declared and consumed from");
     let (new, _) = channel_on(&nodes[0]).await;
 
     nodes[1].signal(libc::SIGSTOP);
